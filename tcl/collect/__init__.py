@@ -1,0 +1,1 @@
+"""Measuring real programs with TVM MetaSchedule (`tcl collect`)."""

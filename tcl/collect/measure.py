@@ -1,0 +1,304 @@
+"""Generate and measure programs with TVM MetaSchedule, writing a MetaSchedule JSON database.
+
+Two entry points, both resumable (what the database already holds is never measured again):
+
+- `sample_and_measure`: draw random programs from MetaSchedule's design space for a task (the
+  replay-trace idea: re-sample every decision of a design-space trace, then run the
+  postprocessors) and measure them on one platform.
+- `replay_and_measure`: measure programs already in a source database on another platform, so
+  platforms are compared on matched programs (the way Tenset measured its dataset).
+
+The builder and runner are MetaSchedule's own (LocalBuilder/LocalRunner, or RPCRunner through a
+TVM RPC tracker); only the build function is ours, see `build_module`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAILED_RUN_SECS = 1e10  # how MetaSchedule stores a failed build/run
+
+
+@dataclass
+class MeasureSettings:
+    number: int = 2
+    repeat: int = 3
+    min_repeat_ms: int = 0
+    enable_cpu_cache_flush: bool = False
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    builder_workers: int = 2
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RpcSettings:
+    tracker_host: str
+    tracker_port: int
+    key: str
+    session_timeout_s: float = 60.0
+
+
+@dataclass
+class MeasureStats:
+    measured: int = 0
+    failed: int = 0
+    skipped_existing: int = 0
+    failures: dict = field(default_factory=dict)  # reason -> count
+
+
+def use_x86_intrinsics_only() -> None:
+    """Make `tvm.s_tir.tensor_intrin` importable without its package __init__.
+
+    The __init__ parses the CUDA tensor intrinsics as TVMScript (~40 s on this machine), which
+    every builder worker and every TuneContext would pay — longer than the build timeout. CPU
+    targets only need the x86 intrinsics, so register the package empty and import just those.
+    """
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
+        return
+    import tvm.s_tir  # noqa: F401  (parent package must exist first)
+
+    spec = importlib.util.find_spec(name)
+    package = types.ModuleType(name)
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    sys.modules[name] = package
+    importlib.import_module(name + ".x86")
+
+
+def build_module(mod, target, _params):
+    """MetaSchedule `f_build` for CPU targets (the default one imports every intrinsic)."""
+    use_x86_intrinsics_only()
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return build(mod, target=target)
+
+
+def program_id(trace_json) -> str:
+    """Stable id of a program: sha1 of its trace JSON (instructions + decisions).
+
+    The readers compute the same id from the database file, so the id matches a program
+    across platforms and across the measure/ingest boundary.
+    """
+    return hashlib.sha1(json.dumps(trace_json, separators=(",", ":")).encode()).hexdigest()
+
+
+def to_python(obj):
+    """TVM FFI containers/immediates (as `Trace.as_json()` returns them) -> plain JSON values."""
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if hasattr(obj, "value") and not isinstance(obj, (list, tuple)):
+        return obj.value
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {str(k): to_python(v) for k, v in obj.items()}
+    return [to_python(x) for x in obj]
+
+
+def _target(target_json: dict):
+    from tvm.target import Target
+
+    return Target(dict(target_json))
+
+
+def open_database(out_dir: str | os.PathLike):
+    from tvm.s_tir import meta_schedule as ms
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(
+        path_workload=str(out_dir / "database_workload.json"),
+        path_tuning_record=str(out_dir / "database_tuning_record.json"),
+        allow_missing=True,
+    )
+
+
+def existing_programs(db, mod) -> set[str]:
+    """Program ids already recorded for this workload, failed ones included (resume skips them)."""
+    if not db.has_workload(mod):
+        return set()
+    from tvm_ffi import structural_hash
+
+    shash = structural_hash(mod)
+    return {
+        program_id(to_python(rec.trace.as_json()))
+        for rec in db.get_all_tuning_records()
+        if structural_hash(rec.workload.mod) == shash
+    }
+
+
+def make_builder(settings: MeasureSettings):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.builder.LocalBuilder(
+        f_build=build_module,
+        max_workers=settings.builder_workers,
+        timeout_sec=settings.build_timeout_s,
+    )
+
+
+def make_runner(threads: int, settings: MeasureSettings, rpc: RpcSettings | None = None):
+    """A MetaSchedule runner whose workers run with `threads` runtime threads."""
+    from tvm.s_tir import meta_schedule as ms
+
+    evaluator = ms.runner.EvaluatorConfig(
+        number=settings.number,
+        repeat=settings.repeat,
+        min_repeat_ms=settings.min_repeat_ms,
+        enable_cpu_cache_flush=settings.enable_cpu_cache_flush,
+    )
+    if rpc is not None:  # the remote server's own TVM_NUM_THREADS applies there
+        return ms.runner.RPCRunner(
+            rpc_config=ms.runner.RPCConfig(
+                tracker_host=rpc.tracker_host,
+                tracker_port=rpc.tracker_port,
+                tracker_key=rpc.key,
+                session_timeout_sec=int(rpc.session_timeout_s),
+            ),
+            evaluator_config=evaluator,
+            max_workers=1,
+        )
+    # The local runner's worker inherits this environment when it starts: TVM_NUM_THREADS
+    # fixes the runtime thread pool of the platform being emulated.
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    return ms.runner.LocalRunner(timeout_sec=settings.run_timeout_s, evaluator_config=evaluator)
+
+
+Outcome = tuple  # (run_secs: list[float] | None, error: str | None)
+
+
+def build_all(builder, mods: list, target_json: dict) -> list[tuple[str | None, str | None]]:
+    """Build scheduled IRModules for a target: (artifact_path, error) per module."""
+    from tvm.s_tir import meta_schedule as ms
+
+    target = _target(target_json)
+    results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
+    return [
+        (None, "build: " + _first_line(r.error_msg)) if r.error_msg else (r.artifact_path, None)
+        for r in results
+    ]
+
+
+def run_all(runner, mods: list, builds: list, target_json: dict) -> list[Outcome]:
+    """Run built artifacts; failed builds pass their error through."""
+    from tvm.s_tir import meta_schedule as ms
+
+    kind = _target(target_json).kind.name
+    device_type = "cpu" if kind == "llvm" else kind
+    results: list[Outcome] = [(None, err) for _, err in builds]
+    index = [i for i, (path, _) in enumerate(builds) if path]
+    inputs = [
+        ms.runner.RunnerInput(
+            builds[i][0], device_type=device_type,
+            # the runner allocates arguments in the layout the scheduled function takes
+            args_info=ms.arg_info.ArgInfo.from_entry_func(mods[i], remove_preproc=True),
+        )
+        for i in index
+    ]
+    for i, future in zip(index, runner.run(inputs) if inputs else []):
+        res = future.result()
+        if res.error_msg:
+            results[i] = (None, "run: " + _first_line(res.error_msg))
+        else:
+            results[i] = ([float(s) for s in res.run_secs], None)
+    return results
+
+
+def remove_artifacts(builds: list) -> None:
+    for path, _ in builds:
+        if path:
+            _remove_artifact(path)
+
+
+def _first_line(msg: str) -> str:
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+    # TVM errors end with the most specific line
+    return (lines[-1] if lines else "unknown")[:200]
+
+
+def _remove_artifact(path: str) -> None:
+    try:
+        os.remove(path)
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
+
+
+def design_space(mod, target_json: dict, seed: int):
+    """MetaSchedule's default design space for a CPU target: (context, list of schedules)."""
+    use_x86_intrinsics_only()
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(
+        mod=mod,
+        target=_target(target_json),
+        space_generator="post-order-apply",
+        search_strategy="replay-trace",
+        task_name="main",
+        rand_state=seed + 1,
+        num_threads=1,
+    )
+    spaces = ctx.space_generator.generate_design_space(mod)
+    return ctx, spaces
+
+
+def sample_programs(mod, target_json: dict, n: int, seed: int, skip: set[str] = frozenset(),
+                    max_attempts_factor: int = 20):
+    """Draw `n` distinct random programs (schedule, trace json, id) from the design space.
+
+    Deterministic for a seed: resuming regenerates the same sequence and `skip` drops the
+    programs the database already holds.
+    """
+    from tvm.s_tir import Schedule, Trace
+
+    ctx, spaces = design_space(mod, target_json, seed)
+    postprocs = ctx.space_generator.postprocs
+    out, seen = [], set()
+    for attempt in range(n * max_attempts_factor):
+        if len(out) + len(skip & seen) >= n:
+            break
+        space = spaces[attempt % len(spaces)]
+        sch = Schedule(mod, seed=(seed * 100003 + attempt) % 2147483646 + 1, debug_mask=0)
+        try:
+            # the space's instructions without its decisions: every sample is drawn afresh
+            Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            if not all(p.apply(sch) for p in postprocs):
+                continue
+        except Exception:  # an invalid sample of the space: MetaSchedule discards these too
+            continue
+        trace_json = to_python(sch.trace.as_json())
+        pid = program_id(trace_json)
+        if pid in seen:
+            continue
+        seen.add(pid)
+        if pid in skip:
+            continue
+        out.append((sch, trace_json, pid))
+    return out
+
+
+def commit(db, mod, sch_trace, run_secs, target_json: dict):
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = db.commit_workload(mod)
+    db.commit_tuning_record(
+        ms.database.TuningRecord(
+            sch_trace,
+            workload,
+            run_secs=run_secs if run_secs is not None else [FAILED_RUN_SECS],
+            target=_target(target_json),
+            args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+        )
+    )

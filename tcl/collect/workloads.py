@@ -1,0 +1,90 @@
+"""TE definitions of the operators in `networks.py`, as TIR IRModules MetaSchedule can tune."""
+
+from __future__ import annotations
+
+from .networks import Op, network_tasks
+
+
+def build_workload(op: Op):
+    """Return the TIR IRModule (one PrimFunc, `main`) computing `op` in float32."""
+    from tvm import te, topi
+
+    kind, shape = op.kind, op.shape
+    if kind == "conv2d":
+        h, cin, cout, k, stride = shape
+        data = te.placeholder((1, h, h, cin), name="data")
+        kernel = te.placeholder((k, k, cin, cout), name="kernel")
+        out = topi.nn.conv2d_nhwc(data, kernel, stride, k // 2, 1, out_dtype="float32")
+        args = [data, kernel, out]
+    elif kind == "depthwise_conv2d":
+        h, c, k, stride = shape
+        data = te.placeholder((1, h, h, c), name="data")
+        kernel = te.placeholder((k, k, c, 1), name="kernel")
+        out = topi.nn.depthwise_conv2d_nhwc(data, kernel, stride, k // 2, 1, out_dtype="float32")
+        args = [data, kernel, out]
+    elif kind == "dense":
+        m, k, n = shape
+        data = te.placeholder((m, k), name="data")
+        weight = te.placeholder((n, k), name="weight")
+        out = topi.nn.dense(data, weight, out_dtype="float32")
+        args = [data, weight, out]
+    elif kind == "batch_matmul":
+        b, m, k, n = shape
+        a = te.placeholder((b, m, k), name="a")
+        bt = te.placeholder((b, n, k), name="b")
+        out = topi.nn.batch_matmul(a, bt, transpose_b=True, out_dtype="float32")
+        args = [a, bt, out]
+    elif kind == "softmax":
+        rows, cols = shape
+        x = te.placeholder((rows, cols), name="x")
+        out = topi.nn.softmax(x, axis=-1)
+        args = [x, out]
+    elif kind == "layer_norm":
+        rows, cols = shape
+        x = te.placeholder((rows, cols), name="x")
+        gamma = te.placeholder((cols,), name="gamma")
+        beta = te.placeholder((cols,), name="beta")
+        out = topi.nn.layer_norm(x, gamma, beta, axis=[-1], epsilon=1e-5)
+        args = [x, gamma, beta, out]
+    else:
+        raise ValueError(f"unknown operator kind {kind!r}")
+    import tvm
+
+    func = te.create_prim_func(args).with_attr("global_symbol", "main")
+    return tvm.IRModule({"main": func})
+
+
+def describe(op: Op) -> str:
+    """Readable operator + shapes, e.g. 'conv2d NHWC 1x56x56x64 k3 s1 -> 64'."""
+    s = op.shape
+    if op.kind == "conv2d":
+        return f"conv2d NHWC 1x{s[0]}x{s[0]}x{s[1]} k{s[3]}x{s[3]} s{s[4]} -> {s[2]} ch"
+    if op.kind == "depthwise_conv2d":
+        return f"depthwise_conv2d NHWC 1x{s[0]}x{s[0]}x{s[1]} k{s[2]}x{s[2]} s{s[3]}"
+    if op.kind == "dense":
+        return f"dense {s[0]}x{s[1]} · ({s[2]}x{s[1]})ᵀ"
+    if op.kind == "batch_matmul":
+        return f"batch_matmul {s[0]}x{s[1]}x{s[2]} · ({s[0]}x{s[3]}x{s[2]})ᵀ"
+    return f"{op.kind} {s[0]}x{s[1]}"
+
+
+# Small workloads for tests and smoke runs (`tcl collect --workload NAME`); network tasks are
+# accepted by their task name too (e.g. dense_128_768_768).
+SMALL_WORKLOADS = {
+    "dense_64": Op("dense", (64, 64, 64)),
+    "dense_256": Op("dense", (256, 256, 256)),
+    "conv2d_small": Op("conv2d", (14, 32, 32, 3, 1)),
+    "softmax_small": Op("softmax", (64, 128)),
+}
+
+
+def resolve_workload(name: str) -> Op:
+    if name in SMALL_WORKLOADS:
+        return SMALL_WORKLOADS[name]
+    tasks = network_tasks()
+    if name in tasks:
+        return tasks[name].op
+    raise KeyError(
+        f"unknown workload {name!r}; use one of {', '.join(SMALL_WORKLOADS)} or a network task name "
+        "(`tcl collect --list-tasks` prints them)"
+    )

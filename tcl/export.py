@@ -1,0 +1,226 @@
+"""Export a cost-model checkpoint to ONNX for onnxruntime serving.
+
+The graph takes ``x`` (batch, length, n_features) float32 and ``mask`` (batch, length) bool and
+returns ``score`` (batch,) float32, with batch and length dynamic. The file's ``metadata_props``
+carry what a server needs to refuse a mismatched featurizer or family:
+
+=================  ==========================================================================
+family             hardware family the model serves (``tcl-kb-<family>``)
+feature_version    ``tcl.features.FEATURE_VERSION`` the model was trained on
+max_len            L of the training features (sequences are padded/cropped to it)
+n_features         F
+vocab_hash         sha256 of the featurizer vocabulary (canonical JSON), "" if it had none
+kind               mamba | mlp | tlp
+config             model config, JSON
+source_run         MLflow run id that trained the model ("" if unknown)
+checkpoint_sha256  sha256 of the checkpoint file exported
+opset              ONNX opset
+tcl_version        version of the tcl package that exported
+=================  ==========================================================================
+
+The export is checked against PyTorch on random real-shaped inputs before the file is written
+(atomically, via :func:`tcl.io.atomic_path`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from tcl.io import atomic_path
+
+INPUT_NAMES = ["x", "mask"]
+OUTPUT_NAMES = ["score"]
+INT_KEYS = ("max_len", "n_features", "opset")
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+def default_opset() -> int:
+    try:
+        import yaml
+
+        from tcl.tracking import repo_root
+
+        params = yaml.safe_load((repo_root() / "params.yaml").read_text()) or {}
+        return int((params.get("export") or {}).get("opset", 17))
+    except (OSError, ValueError, TypeError):
+        return 17
+
+
+def vocab_hash(vocab) -> str:
+    if not vocab:
+        return ""
+    blob = json.dumps(vocab, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def example_inputs(batch: int, length: int, n_features: int, seed: int = 0):
+    """Random real-shaped inputs: one-hot-ish step rows with numeric args, prefix masks."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, length, n_features)).astype(np.float32)
+    lengths = rng.integers(1, length + 1, size=batch)
+    lengths[0] = length  # at least one full sequence
+    mask = np.arange(length)[None, :] < lengths[:, None]
+    x[~mask] = 0.0
+    return x, mask
+
+
+def _torch_export(model, n_features: int, max_len: int, opset: int) -> bytes:
+    """ONNX bytes with dynamic batch/length; the dynamo exporter first, TorchScript as fallback."""
+    import torch
+
+    x, mask = example_inputs(4, max_len, n_features)
+    args = (torch.from_numpy(x), torch.from_numpy(mask))
+    errors = []
+    # TorchScript exporter first: it keeps the graph small for these models and honours old
+    # opsets; the dynamo exporter is tried when it fails.
+    for dynamo in (False, True):
+        buf = io.BytesIO()
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                if dynamo:
+                    batch = torch.export.Dim("batch")
+                    length = torch.export.Dim("length", max=max(max_len, 2) * 4)
+                    prog = torch.onnx.export(
+                        model, args, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+                        opset_version=opset, dynamo=True, external_data=False,
+                        dynamic_shapes={"x": {0: batch, 1: length},
+                                        "mask": {0: batch, 1: length}})
+                    return prog.model_proto.SerializeToString()
+                torch.onnx.export(
+                    model, args, buf, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+                    opset_version=opset, dynamo=False, do_constant_folding=True,
+                    dynamic_axes={"x": {0: "batch", 1: "length"},
+                                  "mask": {0: "batch", 1: "length"},
+                                  "score": {0: "batch"}})
+                return buf.getvalue()
+        except Exception as exc:  # noqa: BLE001 - try the other exporter, report both
+            errors.append(f"{'dynamo' if dynamo else 'torchscript'}: {type(exc).__name__}: {exc}")
+    raise ExportError("ONNX export failed:\n  " + "\n  ".join(errors))
+
+
+def _check_parity(model, onnx_bytes: bytes, n_features: int, max_len: int,
+                  atol: float = 1e-4) -> float:
+    """Max |onnx - torch| over a few batch sizes and lengths; raises ExportError beyond atol."""
+    import onnxruntime as ort
+    import torch
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    worst = 0.0
+    lengths = sorted({max_len, max(1, max_len // 2)})
+    for seed, (b, length) in enumerate([(1, max_len), (7, max_len)]
+                                       + [(5, n) for n in lengths if n != max_len]):
+        x, mask = example_inputs(b, length, n_features, seed=100 + seed)
+        with torch.no_grad():
+            ref = model(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+        try:
+            got = sess.run(None, {"x": x, "mask": mask})[0]
+        except Exception as exc:  # noqa: BLE001
+            raise ExportError(f"exported graph fails at batch={b} length={length}: {exc}") from exc
+        if got.shape != ref.shape:
+            raise ExportError(f"exported graph returns shape {got.shape}, PyTorch {ref.shape}")
+        err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
+        worst = max(worst, err)
+    if not worst <= atol:
+        raise ExportError(f"ONNX and PyTorch disagree by {worst:.3g} (> {atol})")
+    return worst
+
+
+def _tcl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tcl")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "unknown"
+
+
+def export_model(model, out_path: str | os.PathLike, family: str, kind: str, config: dict,
+                 feature_meta: dict, source_run: str | None = None, opset: int | None = None,
+                 checkpoint_sha256: str = "") -> Path:
+    """Export an in-memory model (see :func:`export_onnx` for the checkpoint entry point)."""
+    import onnx
+
+    n_features = int(feature_meta["n_features"])
+    max_len = int(feature_meta["max_len"])
+    opset = int(opset or default_opset())
+    model = model.eval()
+    raw = _torch_export(model, n_features, max_len, opset)
+    _check_parity(model, raw, n_features, max_len)
+    proto = onnx.load_from_string(raw)
+    props = {
+        "family": family,
+        "feature_version": str(feature_meta.get("feature_version", "")),
+        "max_len": str(max_len),
+        "n_features": str(n_features),
+        "vocab_hash": vocab_hash(feature_meta.get("vocab")),
+        "kind": kind,
+        "config": json.dumps(config or {}, sort_keys=True),
+        "source_run": source_run or "",
+        "checkpoint_sha256": checkpoint_sha256,
+        "opset": str(opset),
+        "tcl_version": _tcl_version(),
+    }
+    del proto.metadata_props[:]
+    for k, v in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = k, v
+    proto.producer_name = "tcl"
+    onnx.checker.check_model(proto)
+    out = Path(out_path)
+    with atomic_path(out, suffix=".onnx") as tmp:
+        onnx.save(proto, str(tmp), save_as_external_data=False)
+    return out
+
+
+def export_onnx(checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, family: str,
+                source_run: str | None = None, opset: int | None = None) -> Path:
+    """Export a checkpoint (``tcl.models.checkpoint``) to ONNX at `out_path`; return the path.
+
+    `source_run` defaults to the ``run_id`` stored in the checkpoint's extra info, if any.
+    """
+    from tcl.models.checkpoint import load_checkpoint
+    from tcl.registry import file_sha256
+
+    model, info = load_checkpoint(checkpoint_path)
+    extra = info.get("extra") or {}
+    source_run = source_run or extra.get("run_id") or ""
+    return export_model(model, out_path, family, kind=info["kind"], config=info.get("config", {}),
+                        feature_meta=info["feature_meta"], source_run=source_run, opset=opset,
+                        checkpoint_sha256=file_sha256(checkpoint_path))
+
+
+def read_metadata(onnx_path_or_bytes) -> dict:
+    """metadata_props of an ONNX file as a dict (ints for max_len/n_features/opset, config dict)."""
+    import onnx
+
+    if isinstance(onnx_path_or_bytes, (bytes, bytearray)):
+        proto = onnx.load_from_string(bytes(onnx_path_or_bytes), load_external_data=False)
+    else:
+        proto = onnx.load(str(onnx_path_or_bytes), load_external_data=False)
+    return parse_metadata({p.key: p.value for p in proto.metadata_props})
+
+
+def parse_metadata(props: dict) -> dict:
+    meta = dict(props)
+    for k in INT_KEYS:
+        if k in meta and str(meta[k]).strip():
+            meta[k] = int(meta[k])
+    if "config" in meta:
+        try:
+            meta["config"] = json.loads(meta["config"])
+        except ValueError:
+            pass
+    return meta

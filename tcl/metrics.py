@@ -1,0 +1,170 @@
+"""Evaluation metrics for cost models (pure numpy; no torch).
+
+All functions take `scores` (N,), higher = predicted faster, aligned with a FeatureSet's rows.
+
+* Top-k score (Tenset / TLP), per network:
+
+      score_k(net) = sum_t w_t * best_t / sum_t w_t * best_topk_t        (t over the tasks of net)
+
+  where best_t is the lowest measured latency of task t in the evaluated set, best_topk_t the lowest
+  true latency among the k programs the model scores highest, and w_t the task weight. A perfect
+  model scores 1; a bad one approaches 0. `top1`/`top5` are means over networks.
+* Pairwise accuracy: over all pairs of programs of the same task with different latencies, the
+  fraction the model orders correctly (faster one scored higher). A tie in score counts 1/2.
+* Spearman: rank correlation of score with throughput (1/latency) per task, mean over the tasks
+  where it is defined (>= 2 programs, not all latencies or all scores equal).
+
+When a FeatureSet carries no network names at all, every task belongs to one pseudo-network "all".
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+ALL_NETWORK = "all"
+
+
+def _clean_scores(scores) -> np.ndarray:
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    return np.where(np.isfinite(s), s, -np.inf)  # a NaN/inf prediction never ranks a program first
+
+
+def _task_groups(task: np.ndarray) -> dict[int, np.ndarray]:
+    """task id -> row indices (in row order)."""
+    task = np.asarray(task)
+    order = np.argsort(task, kind="stable")
+    ids, starts = np.unique(task[order], return_index=True)
+    bounds = list(starts[1:]) + [len(order)]
+    return {int(t): order[a:b] for t, a, b in zip(ids, starts, bounds)}
+
+
+def task_best_topk(scores, latency, task, ks: Sequence[int] = (1, 5)) -> dict[int, dict]:
+    """Per task present: {"best": min latency, k: min latency among the top-k scored programs}.
+
+    Ties in score are broken by row order (stable), so results are deterministic.
+    """
+    s = _clean_scores(scores)
+    lat = np.asarray(latency, dtype=np.float64)
+    out: dict[int, dict] = {}
+    for t, rows in _task_groups(task).items():
+        order = rows[np.argsort(-s[rows], kind="stable")]
+        entry = {"best": float(lat[rows].min())}
+        for k in ks:
+            entry[k] = float(lat[order[:k]].min())
+        out[t] = entry
+    return out
+
+
+def network_tasks(task_networks: Sequence[Sequence[str]], present: Iterable[int]) -> dict[str, list[int]]:
+    """network name -> task ids (among `present`) that the network contains."""
+    present = sorted(int(t) for t in present)
+    nets: dict[str, list[int]] = {}
+    for t in present:
+        names = task_networks[t] if t < len(task_networks) else []
+        for name in names:
+            if name:
+                nets.setdefault(name, []).append(t)
+    if not nets:  # no network information at all: one pseudo-network of every task
+        nets = {ALL_NETWORK: present}
+    return dict(sorted(nets.items()))
+
+
+def top_k_scores(
+    scores,
+    latency,
+    task,
+    task_weight,
+    task_networks: Sequence[Sequence[str]],
+    ks: Sequence[int] = (1, 5),
+) -> dict[str, dict[str, float]]:
+    """{network: {"top1": ..., "top5": ...}} with Tenset's weighted top-k score."""
+    per_task = task_best_topk(scores, latency, task, ks)
+    weight = np.asarray(task_weight, dtype=np.float64)
+    result: dict[str, dict[str, float]] = {}
+    for net, tids in network_tasks(task_networks, per_task.keys()).items():
+        w = np.array([weight[t] if t < len(weight) and np.isfinite(weight[t]) else 1.0 for t in tids])
+        best = np.array([per_task[t]["best"] for t in tids])
+        result[net] = {}
+        for k in ks:
+            picked = np.array([per_task[t][k] for t in tids])
+            result[net][f"top{k}"] = float(np.sum(w * best) / np.sum(w * picked))
+    return result
+
+
+def pairwise_accuracy(scores, latency, task, block: int = 2048) -> float:
+    """Fraction of same-task pairs with different latency that the scores order correctly."""
+    s = _clean_scores(scores)
+    lat = np.asarray(latency, dtype=np.float64)
+    correct = 0.0
+    total = 0
+    for rows in _task_groups(task).values():
+        if len(rows) < 2:
+            continue
+        ts, tl = s[rows], lat[rows]
+        for a in range(0, len(rows), block):  # blocks of rows bound the (n, n) memory
+            dl = np.sign(tl[None, :] - tl[a:a + block, None])  # +1 where j slower than i
+            ds = np.sign(ts[a:a + block, None] - ts[None, :])  # +1 where i scored higher
+            valid = dl != 0
+            # every unordered pair appears twice (i, j) and (j, i); both halves agree, so the ratio holds
+            agree = np.where(ds == dl, 1.0, np.where(ds == 0, 0.5, 0.0))
+            correct += float(agree[valid].sum())
+            total += int(valid.sum())
+    return correct / total if total else float("nan")
+
+
+def _rank(a: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(a, method="average")
+
+
+def spearman_per_task(scores, latency, task) -> dict[int, float]:
+    """task id -> Spearman correlation of score with throughput; tasks where undefined are left out."""
+    s = _clean_scores(scores)
+    lat = np.asarray(latency, dtype=np.float64)
+    out: dict[int, float] = {}
+    for t, rows in _task_groups(task).items():
+        if len(rows) < 2:
+            continue
+        rs, rl = _rank(s[rows]), _rank(-lat[rows])  # -inf (a NaN prediction) ranks last
+        if np.std(rs) == 0 or np.std(rl) == 0:
+            continue
+        out[t] = float(np.corrcoef(rs, rl)[0, 1])
+    return out
+
+
+def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
+    """All metrics for one FeatureSet (one platform).
+
+    Returns {"top1", "top5" (means over networks), "per_network": {net: {"top1", "top5"}},
+    "pairwise", "spearman", "n_programs", "n_tasks", "n_networks"}.
+    """
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if len(scores) != len(fs):
+        raise ValueError(f"{len(scores)} scores for a FeatureSet of {len(fs)} programs")
+    per_network = top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks)
+    result: dict = {}
+    for k in ks:
+        vals = [m[f"top{k}"] for m in per_network.values()]
+        result[f"top{k}"] = float(np.mean(vals)) if vals else float("nan")
+    sp = spearman_per_task(scores, fs.latency, fs.task)
+    result.update(
+        per_network=per_network,
+        pairwise=pairwise_accuracy(scores, fs.latency, fs.task),
+        spearman=float(np.mean(list(sp.values()))) if sp else float("nan"),
+        n_programs=int(len(fs)),
+        n_tasks=int(len(np.unique(fs.task))),
+        n_networks=len(per_network),
+    )
+    return result
+
+
+def mean_metrics(results: Sequence[dict], keys: Sequence[str] = ("top1", "top5", "pairwise", "spearman")) -> dict:
+    """Mean of scalar metrics over several evaluations (e.g. one per platform)."""
+    out = {}
+    for key in keys:
+        vals = [r[key] for r in results if key in r and np.isfinite(r[key])]
+        out[key] = float(np.mean(vals)) if vals else float("nan")
+    return out

@@ -1,0 +1,434 @@
+"""The registered knowledge-base (KB) model of each hardware family, in the MLflow model registry.
+
+* One registered model per family: ``tcl-kb-<family>``. Each version is an MLflow ``onnx``-flavour
+  logged model (``model.onnx`` + the PyTorch checkpoint as an extra file) logged to the run that
+  trained it, so lineage reads run -> logged model -> model version.
+* Every version carries tags: family, platforms, git_commit, data_hash, run_id, feature_version,
+  top1, top5, eval_data_hash, checkpoint_sha256, onnx_sha256, kind. A new version gets the alias
+  ``candidate``.
+* :func:`promote` moves an alias (``production`` by default). It refuses a version whose held-out
+  top-1 is below the current holder's *on the same evaluation data* (equal eval_data_hash) unless
+  forced. Read-check-set runs under a per-family file lock and the alias is re-read afterwards,
+  so two racing promotions serialise: each sees the other's result.
+* Registering the same checkpoint again (same checkpoint sha256 and same run) returns the
+  existing version; nothing new is logged.
+
+MLflow is imported lazily.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tcl import tracking
+
+PREFIX = "tcl-kb-"
+REGISTRY_EXPERIMENT = "tcl-registry"
+_FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+VERSION_TAGS = ("family", "platforms", "git_commit", "data_hash", "run_id", "feature_version",
+                "top1", "top5", "eval_data_hash", "checkpoint_sha256", "onnx_sha256", "kind")
+PIP_REQUIREMENTS = ["onnxruntime", "onnx", "numpy"]
+
+
+class TclRegistryError(Exception):
+    """A registry operation that cannot proceed; the CLI prints the message (exit code 2)."""
+
+
+class PromotionRefused(TclRegistryError):
+    """Promotion gated: lower held-out top-1 than the current holder on the same eval data."""
+
+
+def model_name(family: str) -> str:
+    if not isinstance(family, str) or not _FAMILY_RE.match(family):
+        raise TclRegistryError(f"invalid hardware family name {family!r} "
+                               "(letters, digits, '-', '_', '.')")
+    return PREFIX + family
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _defaults() -> dict:
+    """registry section of params.yaml (alias_new, alias_serve)."""
+    try:
+        import yaml
+
+        params = yaml.safe_load((tracking.repo_root() / "params.yaml").read_text()) or {}
+        return dict(params.get("registry") or {})
+    except (OSError, ValueError):
+        return {}
+
+
+def alias_new() -> str:
+    return str(_defaults().get("alias_new", "candidate"))
+
+
+def alias_serve() -> str:
+    return str(_defaults().get("alias_serve", "production"))
+
+
+def _lock(family: str):
+    """A file lock serialising registry writes of one family (across processes on this host)."""
+    from filelock import FileLock
+
+    uri = tracking.tracking_uri()
+    db = tracking.sqlite_path(uri)
+    if db is not None:
+        d = db.parent / "locks"
+    else:
+        d = Path(tempfile.gettempdir()) / ("tcl-registry-" + hashlib.md5(
+            uri.encode(), usedforsecurity=False).hexdigest()[:12])
+    d.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(d / f"{model_name(family)}.lock"), timeout=600)
+
+
+def _client():
+    tracking.ensure_store()
+    import mlflow
+
+    return mlflow.MlflowClient()
+
+
+def _versions(client, name: str) -> list:
+    return list(client.search_model_versions(f"name='{name}'"))
+
+
+def _registered(client, name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return True
+    except MlflowException:
+        return False
+
+
+def _families(client) -> list[str]:
+    return sorted(m.name[len(PREFIX):] for m in
+                  client.search_registered_models(filter_string=f"name LIKE '{PREFIX}%'"))
+
+
+def _float(s: Any) -> float:
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _version_dict(client, mv) -> dict:
+    name = mv.name
+    try:  # search results may not carry aliases on every store; the single get does
+        aliases = list(client.get_model_version(name, mv.version).aliases or [])
+    except Exception:  # noqa: BLE001
+        aliases = list(getattr(mv, "aliases", []) or [])
+    tags = dict(mv.tags or {})
+    return {
+        "name": name,
+        "family": tags.get("family", name[len(PREFIX):]),
+        "version": int(mv.version),
+        "aliases": sorted(aliases),
+        "tags": tags,
+        "top1": _float(tags.get("top1")),
+        "top5": _float(tags.get("top5")),
+        "run_id": mv.run_id or tags.get("run_id"),
+        "source": mv.source,
+        "status": mv.status,
+        "created": _dt.datetime.fromtimestamp(mv.creation_timestamp / 1000,
+                                              _dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _get_version(client, family: str, version_or_alias: str | int):
+    """The ModelVersion for a version number or alias; TclRegistryError if unknown."""
+    from mlflow.exceptions import MlflowException
+
+    name = model_name(family)
+    if not _registered(client, name):
+        known = ", ".join(_families(client)) or "none"
+        raise TclRegistryError(f"unknown family {family!r}: no registered model {name} "
+                               f"(registered families: {known})")
+    ref = str(version_or_alias).strip()
+    try:
+        if ref.isdigit():
+            return client.get_model_version(name, ref)
+        return client.get_model_version_by_alias(name, ref)
+    except MlflowException:
+        versions = sorted(int(v.version) for v in _versions(client, name))
+        what = "version" if ref.isdigit() else "alias"
+        raise TclRegistryError(f"{name} has no {what} {ref!r} "
+                               f"(versions: {', '.join(map(str, versions)) or 'none'})") from None
+
+
+def _alias_holder(client, name: str, alias: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list[str] | str,
+                run_id: str | None, eval_metrics: dict, eval_data_hash: str, data_hash: str,
+                onnx_path: str | os.PathLike | None = None) -> int:
+    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``.
+
+    Returns the version number. When `onnx_path` is None the checkpoint is exported here. When
+    `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
+    that is already registered (same sha256, and same run when `run_id` is given) returns the
+    existing version and logs nothing.
+    """
+    ckpt = Path(checkpoint_path)
+    if not ckpt.is_file():
+        raise TclRegistryError(f"checkpoint not found: {ckpt}")
+    name = model_name(family)
+    if isinstance(platforms, str):
+        platforms = [p for p in (s.strip() for s in platforms.split(",")) if p]
+    platforms = list(platforms)
+    if not platforms:
+        raise TclRegistryError("platforms must name at least one platform")
+    try:
+        top1 = float(eval_metrics["top1"])
+        top5 = float(eval_metrics["top5"])
+    except (KeyError, TypeError, ValueError):
+        raise TclRegistryError("eval_metrics must hold numeric 'top1' and 'top5' "
+                               f"(got keys {sorted(eval_metrics or {})})") from None
+    if not (math.isfinite(top1) and math.isfinite(top5)):
+        raise TclRegistryError(f"eval metrics must be finite (top1={top1}, top5={top5})")
+    if not eval_data_hash or not data_hash:
+        raise TclRegistryError("eval_data_hash and data_hash are required (see tracking.data_hash)")
+    ckpt_sha = file_sha256(ckpt)
+
+    client = _client()
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with _lock(family):
+        if _registered(client, name):
+            for mv in _versions(client, name):
+                tags = mv.tags or {}
+                if tags.get("checkpoint_sha256") == ckpt_sha and (
+                        run_id is None or tags.get("run_id") == run_id):
+                    return int(mv.version)
+        if run_id is not None:
+            try:
+                client.get_run(run_id)
+            except MlflowException:
+                raise TclRegistryError(f"run {run_id!r} not found in {tracking.tracking_uri()}") \
+                    from None
+
+        import onnx
+
+        from tcl import export as export_mod
+
+        with tempfile.TemporaryDirectory(prefix="tcl-register-") as tmp:
+            if onnx_path is None:
+                onnx_file = Path(tmp, "model.onnx")
+                export_mod.export_onnx(ckpt, onnx_file, family, source_run=run_id)
+            else:
+                onnx_file = Path(onnx_path)
+                if not onnx_file.is_file():
+                    raise TclRegistryError(f"ONNX file not found: {onnx_file}")
+            meta = export_mod.read_metadata(onnx_file)
+            if meta.get("family") != family:
+                raise TclRegistryError(f"{onnx_file} was exported for family "
+                                       f"{meta.get('family')!r}, not {family!r}")
+            if meta.get("checkpoint_sha256") not in (None, "", ckpt_sha):
+                raise TclRegistryError(f"{onnx_file} was exported from a different checkpoint "
+                                       f"(sha256 {meta['checkpoint_sha256'][:12]} != "
+                                       f"{ckpt_sha[:12]}); re-export it")
+            onnx_sha = file_sha256(onnx_file)
+            model_proto = onnx.load(str(onnx_file))
+            ckpt_copy = Path(tmp, "checkpoint.pt")
+            shutil.copyfile(ckpt, ckpt_copy)
+
+            tags = {
+                "family": family,
+                "platforms": ",".join(platforms),
+                "git_commit": tracking.git_commit(),
+                "data_hash": str(data_hash),
+                "feature_version": str(meta.get("feature_version", "")),
+                "top1": repr(top1),
+                "top5": repr(top5),
+                "eval_data_hash": str(eval_data_hash),
+                "checkpoint_sha256": ckpt_sha,
+                "onnx_sha256": onnx_sha,
+                "kind": str(meta.get("kind", "")),
+            }
+            created_run = None
+            if run_id is None:
+                exp_id = tracking.get_or_create_experiment(REGISTRY_EXPERIMENT)
+                created_run = client.create_run(exp_id, run_name=f"register-{family}",
+                                                tags={"git_commit": tags["git_commit"],
+                                                      "family": family})
+                run_id = created_run.info.run_id
+            tags["run_id"] = run_id
+            try:
+                info = mlflow.onnx.log_model(
+                    model_proto,
+                    name="kb",
+                    run_id=run_id,
+                    pip_requirements=PIP_REQUIREMENTS,
+                    onnx_execution_providers=["CPUExecutionProvider"],
+                    save_as_external_data=False,
+                    extra_files=[str(ckpt_copy)],
+                    signature=_signature(int(meta["n_features"])),
+                    metadata={"family": family, "feature_version": tags["feature_version"]},
+                    tags={"family": family},
+                )
+                mv = mlflow.register_model(info.model_uri, name, tags=tags)
+                client.set_registered_model_alias(name, alias_new(), mv.version)
+                client.set_registered_model_tag(name, "family", family)
+            finally:
+                if created_run is not None:
+                    client.set_terminated(run_id)
+    return int(mv.version)
+
+
+def _signature(n_features: int):
+    import numpy as np
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    inputs = Schema([TensorSpec(np.dtype("float32"), (-1, -1, n_features), "x"),
+                     TensorSpec(np.dtype("bool"), (-1, -1), "mask")])
+    outputs = Schema([TensorSpec(np.dtype("float32"), (-1,), "score")])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def promote(family: str, version: str | int, alias: str | None = None,
+            force: bool = False) -> dict:
+    """Point `alias` (default: params ``registry.alias_serve``, i.e. ``production``) at `version`.
+
+    Refused (:class:`PromotionRefused`) when the current holder of the alias was evaluated on the
+    same data (equal ``eval_data_hash``) and has a higher top-1, unless `force`. Returns a dict
+    with status ``promoted`` or ``unchanged``, the previous holder and whether the two were
+    comparable.
+    """
+    alias = alias or alias_serve()
+    name = model_name(family)
+    client = _client()
+    with _lock(family):
+        mv = _get_version(client, family, version)
+        new_v = int(mv.version)
+        new_tags = mv.tags or {}
+        prev = _alias_holder(client, name, alias)
+        result = {"family": family, "name": name, "alias": alias, "version": new_v,
+                  "top1": _float(new_tags.get("top1")), "previous": None,
+                  "previous_top1": None, "comparable": None, "forced": bool(force)}
+        if prev is not None:
+            prev_tags = prev.tags or {}
+            result["previous"] = int(prev.version)
+            result["previous_top1"] = _float(prev_tags.get("top1"))
+            if int(prev.version) == new_v:
+                result["status"] = "unchanged"
+                return result
+            same_data = (bool(prev_tags.get("eval_data_hash"))
+                         and prev_tags.get("eval_data_hash") == new_tags.get("eval_data_hash"))
+            result["comparable"] = same_data
+            lower = not (result["top1"] >= result["previous_top1"])  # NaN counts as lower
+            if same_data and lower and not force:
+                raise PromotionRefused(
+                    f"refused: {name} version {new_v} has top1={result['top1']:.4f}, below "
+                    f"{alias} version {prev.version} (top1={result['previous_top1']:.4f}) on the "
+                    f"same eval data (eval_data_hash {prev_tags.get('eval_data_hash')}); "
+                    f"use --force to promote anyway")
+        client.set_registered_model_alias(name, alias, str(new_v))
+        client.set_model_version_tag(name, str(new_v), f"promoted_{alias}_at",
+                                     _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        after = _alias_holder(client, name, alias)
+        if after is None or int(after.version) != new_v:
+            raise TclRegistryError(f"{name}@{alias} changed concurrently: now version "
+                                   f"{None if after is None else after.version}, not {new_v}")
+        result["status"] = "promoted"
+        return result
+
+
+def list_models(family: str | None = None) -> list[dict]:
+    """Every version of every ``tcl-kb-*`` model (or of one family), oldest first."""
+    client = _client()
+    families = [family] if family else _families(client)
+    out = []
+    for fam in families:
+        name = model_name(fam)
+        if not _registered(client, name):
+            if family:
+                raise TclRegistryError(f"unknown family {family!r}: no registered model {name} "
+                                       f"(registered: {', '.join(_families(client)) or 'none'})")
+            continue
+        out.extend(_version_dict(client, mv) for mv in _versions(client, name))
+    out.sort(key=lambda d: (d["family"], d["version"]))
+    return out
+
+
+def show(family: str, version_or_alias: str | int | None = None) -> dict:
+    """One version (number or alias; default: the serving alias, else the latest version)."""
+    client = _client()
+    if version_or_alias is None:
+        name = model_name(family)
+        holder = _alias_holder(client, name, alias_serve()) if _registered(client, name) else None
+        if holder is not None:
+            version_or_alias = holder.version
+        else:
+            mvs = _versions(client, name) if _registered(client, name) else []
+            if not mvs:
+                _get_version(client, family, alias_serve())  # raises the unknown-family error
+            version_or_alias = max(int(v.version) for v in mvs)
+    mv = _get_version(client, family, version_or_alias)
+    d = _version_dict(client, mv)
+    d["model_uri"] = f"models:/{mv.name}/{mv.version}"
+    return d
+
+
+def resolve_onnx(model_uri: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:
+    """Download the ONNX file of ``models:/tcl-kb-<family>@alias`` (or ``/<version>``).
+
+    Returns (path to model.onnx under `dst_dir`, version info dict).
+    """
+    m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", model_uri.strip())
+    if not m:
+        raise TclRegistryError(f"not a registry model URI: {model_uri!r} "
+                               "(expected models:/tcl-kb-<family>@<alias> or /<version>)")
+    name, alias, ver = m.groups()
+    if not name.startswith(PREFIX):
+        raise TclRegistryError(f"{name!r} is not a TCL KB model (names start with {PREFIX!r})")
+    family = name[len(PREFIX):]
+    client = _client()
+    mv = _get_version(client, family, alias or ver)
+    import mlflow
+
+    local = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst_dir)))
+    found = sorted(local.rglob("*.onnx"))
+    if not found:
+        raise TclRegistryError(f"{name} version {mv.version} has no .onnx file in {mv.source}")
+    info = _version_dict(client, mv)
+    return found[0], info
+
+
+def dumps(obj: Any) -> str:
+    """JSON for CLI output (NaN -> null)."""
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    return json.dumps(clean(obj), indent=2, sort_keys=True)

@@ -1,0 +1,182 @@
+"""tcl.metrics and tcl.losses against small hand-computed examples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tcl import metrics as M
+
+# Three tasks, two networks:
+#   task 0: weight 2, in netA          latencies [1, 2, 4]        scores [0.1, 0.9, 0.5]
+#   task 1: weight 1, in netA and netB latencies [3, 6]           scores [0.2, 0.8]
+#   task 2: weight 3, in netB          latencies [5, 10, 20, 40]  scores [4, 3, 2, 1]
+LAT = np.array([1, 2, 4, 3, 6, 5, 10, 20, 40], dtype=np.float64)
+SCORES = np.array([0.1, 0.9, 0.5, 0.2, 0.8, 4, 3, 2, 1], dtype=np.float64)
+TASK = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2], dtype=np.int32)
+WEIGHT = np.array([2.0, 1.0, 3.0])
+NETWORKS = [["netA"], ["netA", "netB"], ["netB"]]
+
+
+def test_task_best_topk_by_hand():
+    per_task = M.task_best_topk(SCORES, LAT, TASK, ks=(1, 5))
+    # task 0: best 1; top-1 pick is the program scored 0.9 (latency 2); top-5 holds all -> 1
+    assert per_task[0] == {"best": 1.0, 1: 2.0, 5: 1.0}
+    # task 1: best 3; top-1 pick scored 0.8 has latency 6
+    assert per_task[1] == {"best": 3.0, 1: 6.0, 5: 3.0}
+    # task 2: scores order programs perfectly
+    assert per_task[2] == {"best": 5.0, 1: 5.0, 5: 5.0}
+
+
+def test_top_k_per_network_by_hand():
+    res = M.top_k_scores(SCORES, LAT, TASK, WEIGHT, NETWORKS)
+    # netA = tasks 0, 1: top1 = (2*1 + 1*3) / (2*2 + 1*6) = 5/10
+    assert res["netA"]["top1"] == pytest.approx(5 / 10)
+    # netB = tasks 1, 2: top1 = (1*3 + 3*5) / (1*6 + 3*5) = 18/21
+    assert res["netB"]["top1"] == pytest.approx(18 / 21)
+    # top-5 contains every program of these small tasks -> 1
+    assert res["netA"]["top5"] == pytest.approx(1.0)
+    assert res["netB"]["top5"] == pytest.approx(1.0)
+
+
+def test_pairwise_by_hand():
+    # task 0: (1 vs 2): 1 is faster but scored lower -> wrong; (1 vs 4) wrong; (2 vs 4) right -> 1/3
+    # task 1: (3 vs 6) wrong -> 0/1;  task 2: all 6 pairs right.  Total 7 of 10.
+    assert M.pairwise_accuracy(SCORES, LAT, TASK) == pytest.approx(7 / 10)
+
+
+def test_pairwise_ties():
+    # equal latencies are not a pair; an equal score on a real pair counts 1/2
+    lat = np.array([1.0, 1.0, 2.0])
+    scores = np.array([5.0, 0.0, 5.0])
+    # pairs with different latency: (0,2): scores tie -> 0.5; (1,2): 0 < 5 but 1 is faster -> 0
+    assert M.pairwise_accuracy(scores, lat, np.zeros(3, int)) == pytest.approx(0.5 / 2)
+
+
+def test_spearman_by_hand():
+    sp = M.spearman_per_task(SCORES, LAT, TASK)
+    # task 0: score ranks [1, 3, 2], throughput ranks [3, 2, 1]; d = [-2, 1, 1], sum d^2 = 6
+    #         rho = 1 - 6*6 / (3*(9-1)) = 1 - 36/24 = -0.5
+    assert sp[0] == pytest.approx(-0.5)
+    assert sp[1] == pytest.approx(-1.0)  # two programs, reversed
+    assert sp[2] == pytest.approx(1.0)
+
+
+def test_spearman_skips_undefined_tasks():
+    lat = np.array([1.0, 2.0, 3.0, 3.0, 7.0])
+    scores = np.array([1.0, 1.0, 0.0, 1.0, 2.0])
+    task = np.array([0, 0, 1, 1, 2])
+    # task 0: constant scores -> undefined; task 1: equal latencies -> undefined; task 2: one program
+    assert M.spearman_per_task(scores, lat, task) == {}
+
+
+def test_nan_scores_rank_last():
+    lat = np.array([1.0, 2.0])
+    scores = np.array([np.nan, 0.1])
+    per_task = M.task_best_topk(scores, lat, np.array([0, 0]), ks=(1,))
+    assert per_task[0][1] == 2.0  # the NaN-scored program is never the top-1 pick
+
+
+def test_pseudo_network_when_no_network_names():
+    res = M.top_k_scores(SCORES, LAT, TASK, WEIGHT, [[], [], []])
+    # all tasks: top1 = (2*1 + 1*3 + 3*5) / (2*2 + 1*6 + 3*5) = 20/25
+    assert list(res) == [M.ALL_NETWORK]
+    assert res[M.ALL_NETWORK]["top1"] == pytest.approx(20 / 25)
+
+
+def test_top1_perfect_and_worst():
+    best_first = -LAT  # a model that knows the latencies
+    res = M.top_k_scores(best_first, LAT, TASK, WEIGHT, NETWORKS)
+    assert all(r["top1"] == pytest.approx(1.0) for r in res.values())
+    worst = M.top_k_scores(LAT, LAT, TASK, WEIGHT, NETWORKS)
+    # netA worst picks: task0 -> 4, task1 -> 6: (2*1 + 1*3) / (2*4 + 1*6) = 5/14
+    assert worst["netA"]["top1"] == pytest.approx(5 / 14)
+
+
+# ---------------------------------------------------------------------------------------------
+# losses
+
+
+def test_lambdarank_value_by_hand():
+    import torch
+
+    from tcl.losses import lambdarank_loss
+
+    y = torch.tensor([1.0, 0.5])
+    s = torch.tensor([0.0, 1.0])  # ranked wrong: the better program (y=1) scored lower
+    loss = lambdarank_loss(s, y, torch.tensor([0, 0]))
+    g0, g1 = 2**1.0 - 1, 2**0.5 - 1                        # gains 2^y - 1
+    d_rank0, d_rank1 = 1 / math.log2(2), 1 / math.log2(3)  # discounts at ranks 0 and 1
+    idcg = g0 * d_rank0 + g1 * d_rank1                     # ideal order: program 0 first
+    delta = abs(g0 - g1) * abs(d_rank1 - d_rank0) / idcg   # |dNDCG| of swapping the two
+    expected = delta * math.log(1 + math.exp(-(0.0 - 1.0)))  # one pair
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+
+
+def test_lambdarank_gradient_fixes_wrong_pair_and_ignores_other_tasks():
+    import torch
+
+    from tcl.losses import lambdarank_loss
+
+    s = torch.tensor([0.0, 1.0, 5.0], requires_grad=True)
+    y = torch.tensor([1.0, 0.5, 0.1])
+    task = torch.tensor([0, 0, 1])  # program 2 is alone in its task
+    lambdarank_loss(s, y, task).backward()
+    # gradient descent (s -= lr * grad) must raise the better program and lower the worse one
+    assert s.grad[0] < 0 and s.grad[1] > 0
+    assert s.grad[2] == 0
+    # different tasks only: no pairs at all
+    s2 = torch.tensor([0.0, 1.0], requires_grad=True)
+    loss = lambdarank_loss(s2, torch.tensor([1.0, 0.5]), torch.tensor([0, 1]))
+    loss.backward()
+    assert loss.detach().item() == 0.0 and torch.all(s2.grad == 0)
+
+
+def test_lambdarank_ignores_nonfinite_labels():
+    import torch
+
+    from tcl.losses import lambdarank_loss
+
+    s = torch.tensor([0.0, 1.0, 2.0], requires_grad=True)
+    loss = lambdarank_loss(s, torch.tensor([1.0, 0.5, float("nan")]), torch.tensor([0, 0, 0]))
+    ref = lambdarank_loss(torch.tensor([0.0, 1.0]), torch.tensor([1.0, 0.5]), torch.tensor([0, 0]))
+    assert torch.isfinite(loss) and float(loss) == pytest.approx(float(ref))
+
+
+def test_lambdarank_learns_a_synthetic_ranking():
+    import torch
+
+    from tcl.losses import lambdarank_loss
+
+    g = torch.Generator().manual_seed(0)
+    n_tasks, per_task, dim = 40, 16, 8
+    x = torch.randn(n_tasks * per_task, dim, generator=g)
+    w_true = torch.randn(dim, generator=g)
+    task = torch.arange(n_tasks).repeat_interleave(per_task)
+    throughput = torch.exp(x @ w_true * 0.5)
+    best = torch.zeros(n_tasks).scatter_reduce(0, task, throughput, "amax")
+    y = throughput / best[task]  # in (0, 1], 1 for the best program of each task
+    latency = (1.0 / throughput).numpy()
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(dim, 1)
+    before = M.pairwise_accuracy(model(x).detach().squeeze(1).numpy(), latency, task.numpy())
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(150):
+        loss = lambdarank_loss(model(x).squeeze(1), y, task)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = M.pairwise_accuracy(model(x).detach().squeeze(1).numpy(), latency, task.numpy())
+    assert after > 0.95 and after > before + 0.2
+
+
+def test_mse_by_hand():
+    import torch
+
+    from tcl.losses import mse_loss
+
+    loss = mse_loss(torch.tensor([0.5, 1.0, 0.0]), torch.tensor([1.0, 1.0, float("inf")]))
+    assert float(loss) == pytest.approx(((0.5 - 1.0) ** 2 + 0.0) / 2)  # the inf label is dropped

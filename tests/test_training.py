@@ -1,0 +1,189 @@
+"""The training loop, XGBoost baseline, MLflow tracking and the train/evaluate commands."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from tcl.features import FeatureSet
+
+L, F = 8, 6
+
+
+def make_fs(n_tasks=12, per_task=24, seed=0, platform="synthetic", networks=None) -> FeatureSet:
+    """Programs whose throughput is a fixed function of their (masked) step features plus noise."""
+    rng = np.random.default_rng(seed)
+    n = n_tasks * per_task
+    x = rng.standard_normal((n, L, F)).astype(np.float32)
+    lengths = rng.integers(3, L + 1, size=n)
+    mask = np.arange(L)[None, :] < lengths[:, None]
+    x *= mask[..., None]
+    w = np.linspace(-1.0, 1.0, F)
+    task = np.repeat(np.arange(n_tasks), per_task).astype(np.int32)
+    log_tp = (x @ w).sum(axis=1) / 3.0 + 0.05 * rng.standard_normal(n)
+    latency = np.exp(-log_tp)
+    best = np.array([latency[task == t].min() for t in range(n_tasks)])
+    y = (best[task] / latency).astype(np.float32)
+    networks = networks or [[f"net{t % 3}"] for t in range(n_tasks)]
+    return FeatureSet(
+        x=x, mask=mask, y=y, latency=latency, task=task,
+        program_id=np.array([f"p{seed}-{i}" for i in range(n)]),
+        tasks=[f"task{t}" for t in range(n_tasks)], task_desc=[f"op{t}" for t in range(n_tasks)],
+        task_weight=np.ones(n_tasks), task_networks=networks, platform=platform,
+        meta={"feature_version": "test-1", "max_len": L, "n_features": F},
+    )
+
+
+TRAIN = {"seed": 3, "loss": "lambdarank", "lr": 3e-3, "warmup_epochs": 1, "schedule": "cosine",
+         "batch_size": 64, "epochs": 3, "patience": 5}
+MLP = {"hidden": 32, "n_layers": 2}
+
+
+def _strip_timing(history):
+    timing = ("epoch_seconds", "train_samples_per_s")
+    return [{k: v for k, v in h.items() if k not in timing} for h in history]
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path):
+    from tcl.training import STATE_FILE, train_model
+
+    train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=6)
+    model_a, hist_a = train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "a")
+
+    class Interrupt(Exception):
+        pass
+
+    def crash_after_epoch_1(epoch, metrics):
+        if epoch == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "b", run=crash_after_epoch_1)
+    assert (tmp_path / "b" / STATE_FILE).exists()
+    seen = []
+    model_b, hist_b = train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "b",
+                                  run=lambda e, m: seen.append(e))
+    assert seen == [2]  # only the epoch that had not finished ran again
+    assert _strip_timing(hist_a) == _strip_timing(hist_b)
+    sa, sb = model_a.state_dict(), model_b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert np.array_equal(sa[k].numpy(), sb[k].numpy()), k
+
+
+def test_training_learns_and_checkpoint_loads(tmp_path):
+    from tcl import metrics as M
+    from tcl.training import load_trained, predict_scores, train_model
+
+    train, valid = make_fs(seed=0, n_tasks=20), make_fs(seed=1, n_tasks=8)
+    params = {**TRAIN, "epochs": 6}
+    model, history = train_model("mlp", train, valid, MLP, params, tmp_path)
+    assert history[-1]["valid_pairwise"] > 0.8  # the synthetic ranking is learnable
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    loaded, info = load_trained(tmp_path)
+    assert info["kind"] == "mlp"
+    np.testing.assert_allclose(predict_scores(loaded, valid), predict_scores(model, valid), rtol=1e-6)
+    best = max(h["valid_top1"] for h in history)
+    assert M.evaluate(predict_scores(loaded, valid), valid)["top1"] == pytest.approx(best)
+
+
+def test_early_stopping_on_validation_top1(tmp_path):
+    from tcl.training import train_model
+
+    # lr 0: the model never changes, so validation top-1 never improves after the first epoch
+    params = {**TRAIN, "lr": 0.0, "epochs": 10, "patience": 2}
+    _, history = train_model("mlp", make_fs(seed=0), make_fs(seed=1, n_tasks=4), MLP, params, tmp_path)
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    assert all(h["best_epoch"] == 0 for h in history)
+
+
+def test_batches_never_mix_platforms_and_cover_each_row_once():
+    from tcl.training import epoch_batches
+
+    a, b = make_fs(seed=0, n_tasks=5, platform="p1"), make_fs(seed=1, n_tasks=3, platform="p2")
+    for by_task in (True, False):
+        batches = epoch_batches([a, b], 32, np.random.default_rng(0), by_task=by_task)
+        for si, fs in enumerate((a, b)):
+            rows = np.concatenate([idx for s, idx in batches if s == si])
+            assert np.array_equal(np.sort(rows), np.arange(len(fs)))
+        assert {s for s, _ in batches} == {0, 1}
+    # by task: a batch of 32 from tasks of 24 programs spans at most 3 tasks (kept contiguous)
+    batches = epoch_batches([a], 32, np.random.default_rng(0), by_task=True)
+    assert max(len(np.unique(a.task[idx])) for _, idx in batches) <= 3
+
+
+def test_lr_schedule():
+    from tcl.training import lr_at
+
+    p = {"lr": 1.0, "warmup_epochs": 1, "schedule": "cosine", "epochs": 3, "step_epochs": 5}
+    assert lr_at(0, 10, p) == pytest.approx(0.1)   # warm-up: (0+1)/10
+    assert lr_at(9, 10, p) == pytest.approx(1.0)   # end of warm-up
+    assert lr_at(20, 10, p) == pytest.approx(0.5)  # half way through the cosine (10 of 20 steps)
+    assert lr_at(29, 10, p) < 0.01
+    s = {**p, "schedule": "step", "warmup_epochs": 0, "epochs": 12}
+    assert [lr_at(e * 10, 10, s) for e in (0, 4, 5, 10)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
+
+
+def test_xgb_save_load_round_trip(tmp_path):
+    from tcl.models.xgb import XGBCostModel
+    from tcl.training import load_trained, predict_scores, train_model
+
+    train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=6)
+    model, history = train_model("xgb", train, valid, {"n_estimators": 20, "max_depth": 4, "eta": 0.3},
+                                 TRAIN, tmp_path)
+    path = tmp_path / "model.json"
+    doc = json.loads(path.read_text())  # XGBoost's JSON format, no pickle
+    assert "learner" in doc
+    loaded = XGBCostModel.load(path)
+    assert loaded.config["max_depth"] == 4 and loaded.feature_meta["feature_version"] == "test-1"
+    np.testing.assert_array_equal(loaded.predict(valid), model.predict(valid))
+    again, info = load_trained(tmp_path)
+    assert info["kind"] == "xgb"
+    assert history[-1]["valid_pairwise"] > 0.7
+    np.testing.assert_array_equal(predict_scores(again, valid), model.predict(valid))
+
+
+def test_cli_train_logs_mlflow_run_and_evaluate_json(tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    train_path, valid_path = tmp_path / "train.npz", tmp_path / "valid.npz"
+    make_fs(seed=0).save(train_path)
+    make_fs(seed=1, n_tasks=6).save(valid_path)
+    params_path = tmp_path / "params.yaml"
+    params_path.write_text(yaml.safe_dump({"models": {"mlp": MLP}, "train": {**TRAIN, "epochs": 2}}))
+    out = tmp_path / "out"
+    runner = CliRunner()
+    res = runner.invoke(main, ["train", "--model", "mlp", "--data", str(train_path), "--valid", str(valid_path),
+                               "--params", str(params_path), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output.strip().splitlines()[-1])
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["model"] == "mlp"
+    assert run.data.params["train.lr"] == str(TRAIN["lr"]) and run.data.params["model.hidden"] == "32"
+    tags = run.data.tags
+    assert tags["data_hash"] == hashlib.md5(train_path.read_bytes()).hexdigest()
+    assert tags["platform"] == "synthetic" and tags["feature_version"] == "test-1"
+    assert tags["seed"] == str(TRAIN["seed"]) and tags["git_commit"]
+    per_epoch = client.get_metric_history(run.info.run_id, "valid_top1")
+    assert sorted(m.step for m in per_epoch) == [0, 1]
+    assert "best_valid_top1" in run.data.metrics and "train_loss" in run.data.metrics
+    artifacts = [f.path for f in client.list_artifacts(run.info.run_id, "checkpoint")]
+    assert "checkpoint/model.pt" in artifacts
+
+    for ref in (str(out), f"runs:/{run.info.run_id}/checkpoint/model.pt"):
+        res = runner.invoke(main, ["evaluate", "--model", ref, "--data", str(valid_path), "--json"])
+        assert res.exit_code == 0, res.output
+        metrics = json.loads(res.output.strip().splitlines()[-1])
+        assert {"top1", "top5", "pairwise"} <= set(metrics)
+        assert metrics["top1"] == pytest.approx(summary["valid_top1"])
