@@ -118,11 +118,15 @@ def _bench_xgb(config: dict, data: _Arrays, threads: int, rounds: int = 10) -> d
 
 
 def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | None = None,
-                n_features: int = 32, threads: int = 2) -> list[dict]:
+                n_features: int | None = None, threads: int = 2) -> list[dict]:
     """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape}."""
     params = params or {}
     train = {**DEFAULT_PARAMS["train"], **(params.get("train") or {})}
     max_len = int((params.get("featurize") or {}).get("max_len", DEFAULT_PARAMS["featurize"]["max_len"]))
+    if fs is None and n_features is None:
+        from tcl.features import Featurizer
+
+        n_features = Featurizer(max_len).n_features  # the real featurizer's width
     data = _subset(fs, n_samples) if fs is not None else synthetic(n_samples, max_len, n_features)
     rows = []
     for name in names:

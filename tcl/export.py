@@ -24,6 +24,7 @@ The export is checked against PyTorch on random real-shaped inputs before the fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -74,36 +75,44 @@ def example_inputs(batch: int, length: int, n_features: int, seed: int = 0):
     return x, mask
 
 
-def _torch_export(model, n_features: int, max_len: int, opset: int) -> bytes:
-    """ONNX bytes with dynamic batch/length; the dynamo exporter first, TorchScript as fallback."""
-    import torch
+@contextlib.contextmanager
+def _scan_bound(model, max_len: int):
+    """Bound the Mamba blocks' parallel (export) scan to the features' max_len while exporting.
 
-    x, mask = example_inputs(4, max_len, n_features)
-    args = (torch.from_numpy(x), torch.from_numpy(mask))
+    The doubling scan runs ceil(log2(max_len)) steps over (L, B, N, E) tensors; the model's
+    default bound (1024 -> 10 steps) would cost 10/6 of the work of L=48 (6 steps) for nothing,
+    since the served inputs never exceed the features' max_len (the Predictor refuses longer).
+    """
+    try:
+        from tcl.models.mamba import Mamba
+    except ImportError:
+        yield
+        return
+    saved = []
+    for m in model.modules():
+        if isinstance(m, Mamba) and getattr(m, "max_len", 0) > max_len:
+            saved.append((m, m.max_len))
+            m.max_len = int(max_len)
+    try:
+        yield
+    finally:
+        for m, v in saved:
+            m.max_len = v
+
+
+def _torch_export(model, n_features: int, max_len: int, opset: int) -> bytes:
+    """ONNX bytes with dynamic batch/length (``tcl.models.nets.export_onnx``): the TorchScript
+    exporter first (small graphs, honours opset 17), the dynamo exporter if that fails."""
+    from tcl.models.nets import export_onnx as nets_export
+
     errors = []
-    # TorchScript exporter first: it keeps the graph small for these models and honours old
-    # opsets; the dynamo exporter is tried when it fails.
     for dynamo in (False, True):
         buf = io.BytesIO()
         try:
-            with warnings.catch_warnings(), torch.no_grad():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                if dynamo:
-                    batch = torch.export.Dim("batch")
-                    length = torch.export.Dim("length", max=max(max_len, 2) * 4)
-                    prog = torch.onnx.export(
-                        model, args, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
-                        opset_version=opset, dynamo=True, external_data=False,
-                        dynamic_shapes={"x": {0: batch, 1: length},
-                                        "mask": {0: batch, 1: length}})
-                    return prog.model_proto.SerializeToString()
-                torch.onnx.export(
-                    model, args, buf, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
-                    opset_version=opset, dynamo=False, do_constant_folding=True,
-                    dynamic_axes={"x": {0: "batch", 1: "length"},
-                                  "mask": {0: "batch", 1: "length"},
-                                  "score": {0: "batch"}})
-                return buf.getvalue()
+                nets_export(model, buf, n_features, seq_len=max_len, opset=opset, dynamo=dynamo)
+            return buf.getvalue()
         except Exception as exc:  # noqa: BLE001 - try the other exporter, report both
             errors.append(f"{'dynamo' if dynamo else 'torchscript'}: {type(exc).__name__}: {exc}")
     raise ExportError("ONNX export failed:\n  " + "\n  ".join(errors))
@@ -157,7 +166,8 @@ def export_model(model, out_path: str | os.PathLike, family: str, kind: str, con
     max_len = int(feature_meta["max_len"])
     opset = int(opset or default_opset())
     model = model.eval()
-    raw = _torch_export(model, n_features, max_len, opset)
+    with _scan_bound(model, max_len):
+        raw = _torch_export(model, n_features, max_len, opset)
     _check_parity(model, raw, n_features, max_len)
     proto = onnx.load_from_string(raw)
     props = {

@@ -135,3 +135,90 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     summary = run_collect(platforms, tasks, spec["programs_per_task"], spec["out"],
                           settings=_settings(spec.get("measure")), seed=spec.get("seed", 0))
     click.echo(json.dumps(summary, indent=2))
+
+
+@click.command()
+@click.argument("src", type=click.Path())
+@click.option("--platform", "platform_name", required=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .parquet file.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "ansor", "metaschedule"]), default="auto",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Last line printed is one JSON summary object.")
+@click.option("--progress/--no-progress", default=False)
+def ingest(src, platform_name, out, fmt, as_json, progress) -> None:
+    """Read measure records (Ansor JSON lines or MetaSchedule databases) into FILE.parquet.
+
+    Bad records are skipped, counted by reason and kept in OUT.rejects.jsonl; exit status is
+    non-zero only when no valid record remains.
+    """
+    from ..hardware import get_platform
+    from ..records.ingest import NoValidRecords, ingest as run_ingest
+
+    try:
+        get_platform(platform_name)
+        report = run_ingest(src, platform_name, out, fmt, progress=progress)
+    except (KeyError, FileNotFoundError, NoValidRecords, ValueError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc), 1)
+    summary = report.as_dict()
+    rejected = sum(summary["rejected"].values())
+    click.echo(f"{platform_name}: {report.records} records of {report.tasks} tasks -> {out}", err=as_json)
+    if rejected:
+        detail = ", ".join(f"{k}: {v}" for k, v in summary["rejected"].items())
+        click.echo(f"rejected {rejected} ({detail}); kept in {report.rejects_path}", err=as_json)
+    if as_json:
+        click.echo(json.dumps(summary))
+
+
+@click.command()
+@click.argument("records", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npz feature file.")
+@click.option("--max-len", type=int, default=48, show_default=True, help="Steps kept per program (L).")
+@click.option("--json", "as_json", is_flag=True)
+def featurize(records, out, max_len, as_json) -> None:
+    """Turn a records Parquet file into a step-sequence feature set (.npz) with labels."""
+    from ..features import featurize_file
+
+    try:
+        fs = featurize_file(records, out, max_len)
+    except ValueError as exc:
+        _fail(str(exc), 1)
+    summary = {"programs": len(fs), "tasks": len(fs.tasks), "shape": list(fs.x.shape),
+               "feature_version": fs.meta["feature_version"], "cropped": int((fs.mask.sum(1) == max_len).sum())}
+    click.echo(json.dumps(summary) if as_json else
+               f"{records}: {len(fs)} programs, {len(fs.tasks)} tasks, features {tuple(fs.x.shape)} "
+               f"({fs.meta['feature_version']}) -> {out}")
+
+
+@click.command()
+@click.argument("features", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out-dir", required=True, type=click.Path(file_okay=False))
+@click.option("--test-networks", default="resnet50,bert_base", show_default=True)
+@click.option("--valid-fraction", type=float, default=0.1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
+    """Split a feature set into train/valid/test, holding out whole networks for test."""
+    from ..features import FeatureSet
+    from ..split import split_by_network
+
+    fs = FeatureSet.load(features)
+    parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name, part in parts.items():
+        part.save(Path(out_dir) / f"{name}.npz")
+        summary[name] = {"programs": len(part), "tasks": len(part.tasks), "networks": part.networks()}
+    click.echo(json.dumps(summary) if as_json else
+               "\n".join(f"{k}: {v['programs']} programs, {v['tasks']} tasks" for k, v in summary.items()))
+
+
+@dataset.command("pack")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--out", default="data/raw", show_default=True)
+def dataset_pack(params_path: str, out: str) -> None:
+    """Copy the matched programs of the working databases into the bundled dataset (gzip)."""
+    from ..collect.pack import pack
+
+    params = _load_params(params_path)
+    summary = pack(params["dataset"]["out"], params["platforms"], out)
+    click.echo(json.dumps(summary, indent=2))

@@ -36,11 +36,13 @@ __all__ = [
     "selective_scan",
     "scan_sequential_tm",
     "scan_parallel_tm",
+    "scan_unrolled_tm",
     "cuda_kernels_available",
     "SCAN_METHODS",
 ]
 
-SCAN_METHODS = ("auto", "fast", "parallel", "ref", "cuda")
+SCAN_METHODS = ("auto", "fast", "parallel", "unrolled", "ref", "cuda")
+UNROLL_MAX = 128  # export unrolled up to this max_len, as a doubling scan beyond
 _LOG2E = 1.4426950408889634
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +218,44 @@ def scan_parallel_tm(
     return (b * C.unsqueeze(3)).sum(2)  # (L, b, E)
 
 
+def scan_unrolled_tm(
+    u: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    max_len: int = 64,
+) -> torch.Tensor:
+    """Time-major selective scan for export: pad the sequence to ``max_len`` steps, run the
+    recurrence unrolled over those ``max_len`` steps, crop back to L; (L, b, E).
+
+    Valid for every L <= max_len with the length dynamic in the graph (the pad amount is
+    ``max_len - L``); padding at the end cannot affect earlier steps (causality).  Each step
+    works on a (b, N, E) slice, so the exported graph stays cache-friendly; its size grows
+    with max_len (about 7 nodes per step), so it is meant for short programs (max_len <= 128).
+    """
+    L = u.shape[0]
+    if not _exporting() and L > max_len:
+        raise ValueError(f"sequence length {L} > max_len {max_len} of the unrolled scan")
+    extra = max_len - L
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        return F.pad(t, [0, 0] * (t.dim() - 1) + [0, extra])
+
+    dl = pad(delta).unsqueeze(2)  # (T, b, 1, E)
+    du = pad(delta * u).unsqueeze(2)  # (T, b, 1, E)
+    Bn = pad(B).unsqueeze(3)  # (T, b, N, 1)
+    Cn = pad(C).unsqueeze(2)  # (T, b, 1, N)
+    At = A.t()  # (N, E)
+    h = du[0] * Bn[0]
+    ys = [torch.matmul(Cn[0], h)]
+    for t in range(1, max_len):
+        h = torch.exp(dl[t] * At) * h + du[t] * Bn[t]
+        ys.append(torch.matmul(Cn[t], h))
+    y = torch.cat(ys, dim=1)  # (b, T, E)
+    return y.transpose(0, 1)[:L]
+
+
 def selective_scan(
     u: torch.Tensor,
     delta: torch.Tensor,
@@ -246,6 +286,8 @@ def selective_scan(
         y = scan_sequential_tm(u_tm.contiguous(), d_tm.contiguous(), A.float(), B_tm, C_tm)
     elif method == "parallel":
         y = scan_parallel_tm(u_tm, d_tm, A.float(), B_tm, C_tm, max_len=max_len)
+    elif method == "unrolled":
+        y = scan_unrolled_tm(u_tm, d_tm, A.float(), B_tm, C_tm, max_len=max_len)
     else:
         raise ValueError(f"unknown scan method {method!r}")
     if D is not None:
@@ -350,7 +392,7 @@ class Mamba(nn.Module):
         if m != "auto":
             return m
         if _exporting():
-            return "parallel"
+            return "unrolled" if self.max_len <= UNROLL_MAX else "parallel"
         if x.is_cuda and _load_cuda_kernels()[0] is not None:
             return "cuda"
         return "fast"
@@ -391,7 +433,7 @@ class Mamba(nn.Module):
         b_in = self.in_proj.bias
         xi = F.linear(x, w_in[:E], None if b_in is None else b_in[:E])  # (L, b, E)
         z = F.linear(x, w_in[E:], None if b_in is None else b_in[E:])
-        if method == "parallel":  # export-friendly: Conv1d op on (b, E, L)
+        if method in ("parallel", "unrolled"):  # export-friendly: Conv1d op on (b, E, L)
             xc = self.conv1d(xi.permute(1, 2, 0))[..., : xi.shape[0]].permute(2, 0, 1)
         else:
             xc = self._conv_tm(xi)
@@ -402,6 +444,8 @@ class Mamba(nn.Module):
         A = -torch.exp(self.A_log.float())
         if method == "parallel":
             y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self.max_len)
+        elif method == "unrolled":
+            y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self.max_len)
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:

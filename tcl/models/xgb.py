@@ -53,6 +53,8 @@ class XGBCostModel:
             "seed": int(cfg.get("seed", 0)),
             "eval_metric": cfg.get("eval_metric", "ndcg@5" if cfg["objective"].startswith("rank:") else "rmse"),
         }
+        if cfg["objective"].startswith("rank:"):
+            params["ndcg_exp_gain"] = False  # y is a real number in (0, 1], not an integer grade
         for key in ("subsample", "colsample_bytree", "min_child_weight", "lambda", "alpha"):
             if key in cfg:
                 params[key] = cfg[key]

@@ -1,0 +1,103 @@
+"""Cost-model checkpoints: tensors + JSON, loadable with ``torch.load(weights_only=True)``.
+
+A checkpoint file holds a dict of
+
+* ``format`` / ``format_version`` -- ``"tcl-checkpoint"`` / 1
+* ``state_dict`` -- the model's tensors
+* ``info_json`` -- one JSON string: ``kind``, ``n_features``, ``config`` (the ``build_model``
+  keyword arguments), ``feature_meta`` (featurizer version, max_len, n_features, vocab, ...),
+  ``extra`` (anything JSON-able the caller adds: epoch, metrics, run id), ``torch_version``.
+
+Nothing is pickled: ``load_checkpoint`` rebuilds the model with ``build_model`` and loads the
+tensors strictly.  Writes are atomic (temp file + rename, ``tcl.io.atomic_path``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tcl.io import atomic_path
+
+FORMAT = "tcl-checkpoint"
+FORMAT_VERSION = 1
+
+__all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "FORMAT_VERSION"]
+
+
+def _jsonable(obj: Any) -> Any:
+    """JSON-safe copy; numpy scalars/arrays and paths are converted, anything else raises."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if hasattr(obj, "tolist") and type(obj).__module__.startswith("numpy"):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
+        return obj.item()
+    raise TypeError(f"checkpoint metadata must be JSON-able; got {type(obj).__name__}: {obj!r:.80}")
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, kind: str, config: dict,
+                    feature_meta: dict, extra: dict | None = None) -> Path:
+    """Write `model` (built by ``build_model(kind, n_features, **config)``) to `path` atomically."""
+    n_features = getattr(model, "n_features", None)
+    if n_features is None:
+        n_features = (feature_meta or {}).get("n_features")
+    if n_features is None:
+        raise ValueError("n_features unknown: the model has no n_features and feature_meta lacks it")
+    info = {
+        "kind": str(kind),
+        "n_features": int(n_features),
+        "config": _jsonable(dict(config or {})),
+        "feature_meta": _jsonable(dict(feature_meta or {})),
+        "extra": _jsonable(dict(extra or {})),
+        "torch_version": torch.__version__,
+    }
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    payload = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "info_json": json.dumps(info, sort_keys=True),
+        "state_dict": state,
+    }
+    path = Path(path)
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(payload, tmp)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> tuple[nn.Module, dict]:
+    """(model in eval mode, info) from a checkpoint written by ``save_checkpoint``.
+
+    info: kind, n_features, config, feature_meta, extra, torch_version, format_version.
+    """
+    from tcl.models.nets import build_model
+
+    payload = torch.load(Path(path), map_location=map_location, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} file")
+    version = int(payload.get("format_version", 0))
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {version} is newer than this tcl ({FORMAT_VERSION})")
+    info = json.loads(payload["info_json"])
+    info["format_version"] = version
+    model = build_model(info["kind"], int(info["n_features"]), **info["config"])
+    model.load_state_dict(payload["state_dict"], strict=True)
+    model.eval()
+    return model, info

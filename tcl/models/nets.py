@@ -1,0 +1,363 @@
+"""Neural cost models over step sequences: Mamba (TCL), Tenset-MLP and TLP (attention).
+
+Every model maps ``x`` (B, L, F) float32 and ``mask`` (B, L) bool (True on real steps, padding
+at the end) to a score (B,) float32, higher = faster.  All export to ONNX (opset 17) with
+dynamic batch and sequence axes; see :func:`export_onnx`.
+
+``build_model(kind, n_features, **config)`` builds one; ``load_preset(name)`` reads a Mamba preset
+(``kb``/``ac``) from ``params.yaml``.  ``flops_per_prediction(model, seq_len)`` is an analytic
+FLOP count (2 x multiply-adds; element-wise products count 1) of one program's forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tcl.models.mamba import Mamba, _exporting
+
+__all__ = [
+    "KINDS",
+    "DEFAULTS",
+    "build_model",
+    "load_preset",
+    "count_parameters",
+    "model_size_mb",
+    "flops_per_prediction",
+    "export_onnx",
+    "MambaCostModel",
+    "MLPCostModel",
+    "TLPCostModel",
+    "RMSNorm",
+]
+
+KINDS = ("mamba", "mlp", "tlp")
+
+DEFAULTS: dict[str, dict] = {
+    "mamba": {"d_model": 64, "n_layers": 1, "d_state": 8, "expand": 1, "d_conv": 4,
+              "norm": "rms", "head_hidden": None, "dropout": 0.0, "max_len": 1024,
+              "block_rows": 256},
+    "mlp": {"hidden": 256, "n_layers": 3, "dropout": 0.0},
+    "tlp": {"d_model": 128, "n_heads": 4, "n_layers": 2, "ff_mult": 2, "dropout": 0.0,
+            "max_len": 1024},
+}
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (written out so it exports to any ONNX opset)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    if kind == "rms":
+        return RMSNorm(dim)
+    if kind == "layer":
+        return nn.LayerNorm(dim)
+    raise ValueError(f"norm must be 'rms' or 'layer', not {kind!r}")
+
+
+def _masked_mean(h: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
+    """Mean of h over `dim` where m (same rank, float, size-1 last dim) is 1."""
+    return (h * m).sum(dim) / m.sum(dim).clamp(min=1.0)
+
+
+def _linear_flops(layer: nn.Linear) -> int:
+    return 2 * layer.in_features * layer.out_features + (layer.out_features if layer.bias is not None else 0)
+
+
+def _norm_flops(dim: int) -> int:
+    return 4 * dim
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba
+
+
+class MambaCostModel(nn.Module):
+    """Linear embedding -> n_layers x (pre-norm Mamba block + residual) -> norm -> masked mean
+    -> MLP head -> score.
+
+    Internally time-major (L, B, d): one transpose of the input, contiguous per-step slices for
+    the scan.  In CPU inference (no autograd) large batches run in blocks of ``block_rows``
+    programs so intermediates stay in cache (same results, row by row).
+    """
+
+    kind = "mamba"
+
+    def __init__(self, n_features: int, d_model: int = 64, n_layers: int = 1, d_state: int = 8,
+                 expand: int = 1, d_conv: int = 4, norm: str = "rms", head_hidden: Optional[int] = None,
+                 dropout: float = 0.0, max_len: int = 1024, block_rows: int = 256,
+                 dt_rank: int | str = "auto") -> None:
+        super().__init__()
+        self.n_features = n_features
+        self.d_model = d_model
+        self.block_rows = int(block_rows)
+        head_hidden = int(head_hidden or d_model)
+        self.embed = nn.Linear(n_features, d_model)
+        self.norms = nn.ModuleList([_norm(norm, d_model) for _ in range(n_layers)])
+        self.blocks = nn.ModuleList([
+            Mamba(d_model, d_state=d_state, d_conv=d_conv, expand=expand, dt_rank=dt_rank,
+                  layer_idx=i, max_len=max_len)
+            for i in range(n_layers)
+        ])
+        self.norm_f = _norm(norm, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Sequential(nn.Linear(d_model, head_hidden), nn.SiLU(), nn.Linear(head_hidden, 1))
+
+    def set_scan_method(self, method: str) -> None:
+        for b in self.blocks:
+            b.scan_method = method
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        bs = x.shape[0]
+        if (self.block_rows and bs > self.block_rows and not x.is_cuda and not _exporting()
+                and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
+            return torch.cat([self._forward(x[i:i + self.block_rows], mask[i:i + self.block_rows])
+                              for i in range(0, bs, self.block_rows)])
+        return self._forward(x, mask)
+
+    def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.transpose(0, 1))  # (L, B, d)
+        for norm, block in zip(self.norms, self.blocks):
+            h = h + block(norm(h), time_major=True)
+        h = self.norm_f(h)
+        m = mask.transpose(0, 1).unsqueeze(-1).to(h.dtype)  # (L, B, 1)
+        pooled = self.dropout(_masked_mean(h, m, 0))
+        return self.head(pooled).squeeze(-1)
+
+    def flops(self, seq_len: int) -> int:
+        d = self.d_model
+        per_token = _linear_flops(self.embed) + len(self.blocks) * (_norm_flops(d) + d) + _norm_flops(d) + 2 * d
+        total = per_token * seq_len + sum(b.flops(seq_len) for b in self.blocks)
+        total += sum(_linear_flops(m) for m in self.head if isinstance(m, nn.Linear))
+        return int(total)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenset-MLP
+
+
+class MLPCostModel(nn.Module):
+    """Tenset-MLP: per-step MLP encoder -> masked SUM over steps -> LayerNorm -> 2 residual
+    layers -> linear decoder (Tenset uses BatchNorm there; LayerNorm keeps train/eval equal)."""
+
+    kind = "mlp"
+
+    def __init__(self, n_features: int, hidden: int = 256, n_layers: int = 3, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_features = n_features
+        self.hidden = hidden
+        layers: list[nn.Module] = []
+        dim = n_features
+        for _ in range(max(1, n_layers)):
+            layers += [nn.Linear(dim, hidden), nn.ReLU()]
+            dim = hidden
+        self.encoder = nn.Sequential(*layers)
+        self.norm = nn.LayerNorm(hidden)
+        self.l0 = nn.Linear(hidden, hidden)
+        self.l1 = nn.Linear(hidden, hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.decoder = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)  # (B, L, H)
+        h = (h * mask.unsqueeze(-1).to(h.dtype)).sum(1)
+        h = self.norm(h)
+        h = F.relu(self.l0(h)) + h
+        h = F.relu(self.l1(h)) + h
+        return self.decoder(self.dropout(h)).squeeze(-1)
+
+    def flops(self, seq_len: int) -> int:
+        enc = sum(_linear_flops(m) for m in self.encoder if isinstance(m, nn.Linear))
+        H = self.hidden
+        head = _norm_flops(H) + _linear_flops(self.l0) + _linear_flops(self.l1) + 2 * H + _linear_flops(self.decoder)
+        return int(seq_len * (enc + 2 * H) + head)
+
+
+# ---------------------------------------------------------------------------------------------
+# TLP
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm transformer encoder layer with the attention written out (softmax(QK^T/sqrt(d)
+    + key bias) V), so the traced ONNX graph keeps batch and length dynamic (torch's fused MHA /
+    encoder fast path bakes them in or has no ONNX form)."""
+
+    def __init__(self, d_model: int, n_heads: int, ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.norm1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """x (B, L, d); key_bias (B, L) additive (0 or -inf) on the keys."""
+        B, L, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(B, L, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        att = torch.matmul(q, k.transpose(-1, -2)) * (self.head_dim ** -0.5) + key_bias[:, None, None, :]
+        att = self.drop(torch.softmax(att, dim=-1))
+        a = torch.matmul(att, v).transpose(1, 2).reshape(B, L, d)
+        x = x + self.drop(self.out(a))
+        return x + self.drop(self.ff(self.norm2(x)))
+
+
+class TLPCostModel(nn.Module):
+    """TLP-style attention model: linear embedding + learned positions -> n_layers pre-norm
+    transformer encoder layers (key padding mask from `mask`) -> LayerNorm -> masked mean ->
+    MLP head."""
+
+    kind = "tlp"
+
+    def __init__(self, n_features: int, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
+                 ff_mult: int = 2, dropout: float = 0.0, max_len: int = 1024) -> None:
+        super().__init__()
+        self.n_features = n_features
+        self.d_model = d_model
+        self.n_layers = n_layers
+        self.ff = ff_mult * d_model
+        self.max_len = max_len
+        self.embed = nn.Linear(n_features, d_model)
+        self.pos = nn.Parameter(torch.zeros(max_len, d_model))
+        nn.init.normal_(self.pos, std=0.02)
+        self.layers = nn.ModuleList([EncoderLayer(d_model, n_heads, self.ff, dropout) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, 1))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        L = x.shape[1]
+        h = self.embed(x) + self.pos[:L]
+        # a program with no real step attends over its padding (finite output, pooled to 0)
+        pad = torch.logical_and(~mask, mask.any(1, keepdim=True))
+        bias = torch.zeros_like(pad, dtype=h.dtype).masked_fill(pad, float("-inf"))
+        for layer in self.layers:
+            h = layer(h, bias)
+        h = self.norm(h)
+        pooled = _masked_mean(h, mask.unsqueeze(-1).to(h.dtype), 1)
+        return self.head(pooled).squeeze(-1)
+
+    def flops(self, seq_len: int) -> int:
+        d, L, ff = self.d_model, seq_len, self.ff
+        per_layer_token = (
+            2 * _norm_flops(d)
+            + 2 * d * 3 * d       # qkv projection
+            + 2 * L * d * 2       # scores + weighted sum over L keys
+            + 2 * d * d           # output projection
+            + 2 * d * ff * 2      # feed-forward
+        )
+        per_token = _linear_flops(self.embed) + d + self.n_layers * per_layer_token + _norm_flops(d) + 2 * d
+        head = sum(_linear_flops(m) for m in self.head if isinstance(m, nn.Linear))
+        return int(per_token * L + head)
+
+
+# ---------------------------------------------------------------------------------------------
+# construction, presets, accounting
+
+
+_CLASSES = {"mamba": MambaCostModel, "mlp": MLPCostModel, "tlp": TLPCostModel}
+
+
+def build_model(kind: str, n_features: int, **config) -> nn.Module:
+    """A cost model of `kind` (mamba | mlp | tlp) for F = n_features; unknown config keys raise."""
+    if kind not in _CLASSES:
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
+    allowed = set(DEFAULTS[kind]) | ({"dt_rank"} if kind == "mamba" else set())
+    unknown = set(config) - allowed
+    if unknown:
+        raise ValueError(f"unknown {kind} config keys: {sorted(unknown)} (allowed: {sorted(allowed)})")
+    cfg = {**DEFAULTS[kind], **config}
+    return _CLASSES[kind](int(n_features), **cfg)
+
+
+def _find_params(params_path: str | os.PathLike) -> Path:
+    p = Path(params_path)
+    if p.is_file() or p.is_absolute():
+        return p
+    repo = Path(__file__).resolve().parents[2] / p  # the repository's params.yaml
+    return repo if repo.is_file() else p
+
+
+def load_preset(name: str, params_path: str | os.PathLike = "params.yaml") -> dict:
+    """Mamba config of preset `name` (``kb``, ``ac``, or ``mamba-kb``) from ``models.mamba``.
+
+    A relative `params_path` that does not exist in the working directory falls back to the
+    repository's own ``params.yaml``.
+    """
+    import yaml
+
+    key = name[len("mamba-"):] if name.startswith("mamba-") else name
+    path = _find_params(params_path)
+    params = yaml.safe_load(path.read_text()) or {}
+    presets = ((params.get("models") or {}).get("mamba") or {})
+    if key not in presets:
+        raise KeyError(f"no Mamba preset {key!r} in {path} (models.mamba has {sorted(presets)})")
+    return dict(presets[key])
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    return int(sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only))
+
+
+def model_size_mb(model: nn.Module) -> float:
+    """Size of the parameters and buffers as fp32, in MB (1e6 bytes)."""
+    n = count_parameters(model) + sum(b.numel() for b in model.buffers())
+    return n * 4 / 1e6
+
+
+def flops_per_prediction(model: nn.Module, seq_len: int) -> int:
+    """Analytic FLOPs of one program of `seq_len` steps (2 x multiply-adds of the layers,
+    element-wise products 1 each; exp/log/sigmoid not counted)."""
+    fn = getattr(model, "flops", None)
+    if fn is None:
+        raise TypeError(f"{type(model).__name__} has no analytic FLOP count")
+    return int(fn(int(seq_len)))
+
+
+def export_onnx(model: nn.Module, f, n_features: int, seq_len: int = 8, opset: int = 17,
+                dynamo: bool = False) -> None:
+    """torch.onnx.export with inputs ``x``/``mask``, output ``score``, dynamic batch and length.
+
+    `f` is a path or a binary file object.  Mamba blocks switch to the parallel scan
+    automatically while exporting (valid for L <= their ``max_len``).
+    """
+    import warnings
+
+    model = model.eval()
+    x = torch.randn(2, seq_len, n_features)
+    mask = torch.ones(2, seq_len, dtype=torch.bool)
+    mask[1, seq_len // 2:] = False
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            batch, length = torch.export.Dim("batch"), torch.export.Dim("length", max=1024)
+            prog = torch.onnx.export(model, (x, mask), input_names=["x", "mask"], output_names=["score"],
+                                     opset_version=opset, dynamo=True, external_data=False,
+                                     dynamic_shapes={"x": {0: batch, 1: length}, "mask": {0: batch, 1: length}})
+            data = prog.model_proto.SerializeToString()
+            if hasattr(f, "write"):
+                f.write(data)
+            else:
+                Path(f).write_bytes(data)
+            return
+        torch.onnx.export(model, (x, mask), f, input_names=["x", "mask"], output_names=["score"],
+                          opset_version=opset, dynamo=False, do_constant_folding=True,
+                          dynamic_axes={"x": {0: "batch", 1: "length"}, "mask": {0: "batch", 1: "length"},
+                                        "score": {0: "batch"}})

@@ -1,0 +1,162 @@
+"""Reader for MetaSchedule JSON databases.
+
+    database_workload.json       [structural_hash, base64_IRModule]            one per line
+    database_tuning_record.json  [workload_index, [trace, run_secs, target, args_info]]
+
+A trace is `[instructions, decisions]`, an instruction `[kind, inputs, attrs, outputs]`,
+a decision `[instruction_index, value]`. Each instruction becomes one step
+`[kind, *numbers_and_strings]`: literal inputs, flattened attrs, and the sampled decision.
+Inputs that name a sampled variable are replaced by its sampled value (a tile size, a
+categorical pick) so a `Split` or `Annotate` step carries the numbers it actually used;
+other variable names (blocks, loops) carry no information and are dropped.
+
+Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
+workload's readable name, weight and networks; without it the operator's buffers describe it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from . import METASCHEDULE_STEP_KINDS, Record, Reject, check_latencies, loads_lenient
+
+_KINDS = frozenset(METASCHEDULE_STEP_KINDS)
+_RV = re.compile(r"^[a-z]\d+$")  # random-variable names: b0 (block), l2 (loop), v5 (expr)
+
+
+def _flatten(value, out: list) -> None:
+    if isinstance(value, list):
+        for v in value:
+            _flatten(v, out)
+    elif isinstance(value, str) and len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        out.append(value[1:-1])  # a string literal is stored quoted
+    else:
+        out.append(value)
+
+
+def trace_to_steps(trace) -> list | str:
+    """Steps of a trace, or an error reason string."""
+    insts, decisions = trace[0], trace[1]
+    decided = {int(i): d for i, d in decisions}
+    values: dict[str, object] = {}
+    steps = []
+    for index, inst in enumerate(insts):
+        kind, inputs, attrs, outputs = inst
+        if kind not in _KINDS:
+            return f"unknown_step_kind:{kind}"
+        step = [kind]
+        for x in inputs:
+            if isinstance(x, str) and _RV.match(x):
+                if x in values:
+                    step.append(values[x])
+                continue
+            _flatten(x, step)
+        _flatten(attrs, step)
+        decision = decided.get(index)
+        if decision is not None:
+            _flatten(decision, step)
+            if kind == "SamplePerfectTile" or kind == "SamplePartitionedTile":
+                for name, v in zip(outputs, decision):
+                    values[name] = v
+            elif kind == "SampleCategorical":
+                candidates = attrs[0]
+                if isinstance(decision, int) and 0 <= decision < len(candidates):
+                    values[outputs[0]] = candidates[decision]
+        steps.append(step)
+    return steps
+
+
+def _describe_args(args_info) -> str:
+    parts = []
+    for a in args_info:
+        if isinstance(a, list) and len(a) == 3 and a[0] == "TENSOR":
+            parts.append(f"{a[1]}[{','.join(str(d) for d in a[2])}]")
+    return " ".join(parts)
+
+
+def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record | Reject]:
+    db_dir = Path(db_dir)
+    wl_path = db_dir / "database_workload.json"
+    rec_path = _existing(db_dir / "database_tuning_record.json")
+    meta_path = db_dir / "tasks.json"
+    task_meta = orjson.loads(meta_path.read_bytes()) if meta_path.exists() else {}
+    workloads: list[str | None] = []
+    for lineno, line in enumerate(_open_lines(_existing(wl_path)), start=1):
+        try:
+            shash = orjson.loads(line)[0]
+            workloads.append(str(shash))
+        except (orjson.JSONDecodeError, IndexError, TypeError) as exc:
+            workloads.append(None)  # records pointing here are rejected below
+            yield Reject(str(wl_path), lineno, "garbled", str(exc)[:120], _raw(line))
+    any_line = False
+    for lineno, line in enumerate(_open_lines(rec_path), start=1):
+        if not line.strip():
+            continue
+        any_line = True
+        out = _parse_record(line, workloads, task_meta, platform)
+        if isinstance(out, Record):
+            yield out
+        else:
+            yield Reject(str(rec_path), lineno, out[0], out[1], _raw(line))
+    if not any_line:
+        yield Reject(str(rec_path), 0, "empty_file", "no tuning records", "")
+
+
+def _parse_record(line, workloads, task_meta, platform) -> Record | tuple[str, str]:
+    try:
+        obj = loads_lenient(line)
+    except ValueError as exc:
+        return "garbled", str(exc)[:120]
+    try:
+        wl_index, (trace, run_secs, _target, args_info) = obj[0], obj[1]
+        if not isinstance(wl_index, int) or not isinstance(trace, list) or len(trace) != 2:
+            raise TypeError("workload index / trace")
+    except (IndexError, TypeError, ValueError) as exc:
+        return "missing_field", f"{type(exc).__name__}: {exc}"[:120]
+    if not 0 <= wl_index < len(workloads) or workloads[wl_index] is None:
+        return "unknown_workload", f"workload index {wl_index}"
+    reason = check_latencies(run_secs)
+    if reason:
+        return reason, f"run_secs={run_secs!r}"[:120]
+    try:
+        steps = trace_to_steps(trace)
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        return "missing_field", f"trace: {type(exc).__name__}: {exc}"[:120]
+    if isinstance(steps, str):
+        return "unknown_step_kind", steps.split(":", 1)[1]
+    shash = workloads[wl_index]
+    meta = task_meta.get(shash, {})
+    desc = meta.get("desc") or f"ms:{shash[:10]} {_describe_args(args_info)}"
+    return Record(platform, meta.get("name", shash), desc, float(meta.get("weight", 1.0)),
+                  ",".join(meta.get("networks", [])), steps, [float(s) for s in run_secs],
+                  "metaschedule")
+
+
+def _existing(path: Path) -> Path:
+    """The database file, or its .gz sibling (the bundled dataset ships compressed)."""
+    if path.exists():
+        return path
+    gz = path.with_name(path.name + ".gz")
+    return gz if gz.exists() else path
+
+
+def _open_lines(path: Path):
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing (a MetaSchedule database needs it)")
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rb") as f:
+            yield from f
+    else:
+        with open(path, "rb") as f:
+            yield from f
+
+
+def _raw(line: bytes) -> str:
+    return line[:2000].decode("utf-8", "replace")

@@ -1,0 +1,34 @@
+"""Hold out whole networks: every task a test network contains goes to the test split.
+
+The remaining tasks are divided into train and validation (for early stopping) by task, with a
+fixed seed, so no program of a validation or test task is ever trained on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .features import FeatureSet
+
+
+def split_by_network(fs: FeatureSet, test_networks: list[str], valid_fraction: float = 0.1,
+                     seed: int = 0) -> dict[str, FeatureSet]:
+    held = set(test_networks)
+    test_tasks = np.array([bool(held & set(nets)) for nets in fs.task_networks], bool)
+    rest = np.flatnonzero(~test_tasks)
+    rng = np.random.default_rng(seed)
+    n_valid = int(round(valid_fraction * len(rest))) if len(rest) > 1 else 0
+    valid_tasks = np.zeros(len(fs.tasks), bool)
+    valid_tasks[rng.permutation(rest)[:n_valid]] = True
+    splits = {
+        "train": ~test_tasks[fs.task] & ~valid_tasks[fs.task],
+        "valid": valid_tasks[fs.task],
+        "test": test_tasks[fs.task],
+    }
+    out = {}
+    for name, keep in splits.items():
+        sub = fs.subset(keep)
+        sub.meta["split"] = {"name": name, "test_networks": sorted(held), "valid_fraction": valid_fraction,
+                             "seed": seed}
+        out[name] = sub
+    return out

@@ -1,0 +1,266 @@
+"""ONNX export (metadata, dynamic axes, parity with PyTorch) and onnxruntime serving."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+
+from tcl import registry, tracking
+from tcl.export import ExportError, export_onnx, read_metadata
+from tcl.serving import ModelMismatchError, Predictor, bench_serving, load_predictor
+
+F, L = 14, 16
+CONFIG = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
+VOCAB = {"kinds": ["SP", "RE", "AN", "PR"], "strings": ["global", "local"]}
+N_KINDS = 4
+
+
+def feature_meta(version="test-fv1", n_features=F, max_len=L):
+    return {"feature_version": version, "max_len": max_len, "n_features": n_features,
+            "vocab": VOCAB}
+
+
+def real_shaped(n, length=L, seed=0):
+    """Step-sequence-like features: one-hot kind, log-scaled factors, padding after the steps."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, length, F), dtype=np.float32)
+    steps = rng.integers(3, length + 1, size=n)
+    mask = np.arange(length)[None, :] < steps[:, None]
+    kinds = rng.integers(0, N_KINDS, size=(n, length))
+    x[np.arange(n)[:, None], np.arange(length)[None, :], kinds] = 1.0
+    x[:, :, N_KINDS:] = np.log2(1 + rng.integers(1, 512, size=(n, length, F - N_KINDS)))
+    x[~mask] = 0.0
+    return x, mask
+
+
+def torch_scores(model, x, mask):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory):
+    import torch
+
+    from tcl.models.checkpoint import load_checkpoint, save_checkpoint
+    from tcl.models.nets import build_model
+
+    d = tmp_path_factory.mktemp("kb")
+    torch.manual_seed(0)
+    model = build_model("mamba", F, **CONFIG)
+    save_checkpoint(d / "kb.pt", model, "mamba", CONFIG, feature_meta())
+    out = export_onnx(d / "kb.pt", d / "kb.onnx", "amd-zen4-avx512", source_run="run123")
+    model, _ = load_checkpoint(d / "kb.pt")
+    return d / "kb.pt", out, model.eval()
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    db = tmp_path / "registry" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    return tracking.ensure_store()
+
+
+def test_export_metadata_and_dynamic_axes(kb):
+    import onnx
+
+    ckpt, path, _ = kb
+    meta = read_metadata(path)
+    assert meta["family"] == "amd-zen4-avx512"
+    assert meta["feature_version"] == "test-fv1"
+    assert (meta["max_len"], meta["n_features"]) == (L, F)
+    assert meta["kind"] == "mamba" and meta["config"] == CONFIG
+    assert meta["source_run"] == "run123"
+    vocab_sha = hashlib.sha256(json.dumps(VOCAB, sort_keys=True, separators=(",", ":"))
+                               .encode()).hexdigest()
+    assert meta["vocab_hash"] == vocab_sha
+    assert meta["checkpoint_sha256"] == registry.file_sha256(ckpt)
+    proto = onnx.load(str(path))
+    assert proto.opset_import[0].version == 17 or any(
+        o.version == 17 for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in proto.graph.input}
+    assert isinstance(dims["x"][0], str) and isinstance(dims["x"][1], str) and dims["x"][2] == F
+    assert isinstance(dims["mask"][0], str) and isinstance(dims["mask"][1], str)
+    leftovers = [p for p in path.parent.iterdir() if p.name.startswith(".kb.onnx")]
+    assert leftovers == []  # atomic write left no temp file
+
+
+def test_onnx_matches_pytorch(kb):
+    _, path, model = kb
+    pred = load_predictor(path)
+    for n, length, seed in ((256, L, 1), (3, L, 2), (5, L // 2, 3), (1, L, 4)):
+        x, mask = real_shaped(n, length, seed)
+        got, ref = pred.predict(x, mask), torch_scores(model, x, mask)
+        assert got.shape == (n,) and got.dtype == np.float32
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+    # chunking changes nothing; empty input gives empty output
+    x, mask = real_shaped(1000, seed=5)
+    np.testing.assert_array_equal(pred.predict(x, mask, chunk=7), pred.predict(x, mask))
+    assert pred.predict(x[:0], mask[:0]).shape == (0,)
+
+
+def test_export_failure_leaves_target_untouched(tmp_path):
+    out = tmp_path / "kb.onnx"
+    out.write_bytes(b"previous export")
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(Exception):
+        export_onnx(bad, out, "fam")
+    assert out.read_bytes() == b"previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "kb.onnx"]
+
+
+def test_predict_refuses_wrong_shapes(kb):
+    pred = load_predictor(kb[1])
+    x, mask = real_shaped(4)
+    with pytest.raises(ModelMismatchError, match=f"\\(N, L, {F}\\)"):
+        pred.predict(x[:, :, :-1], mask)
+    with pytest.raises(ModelMismatchError, match="mask"):
+        pred.predict(x, mask[:, :-1])
+    with pytest.raises(ModelMismatchError, match="exceed"):
+        pred.predict(np.concatenate([x, x], 1), np.concatenate([mask, mask], 1))
+
+
+def _platforms_by_family():
+    from tcl.hardware import PLATFORMS
+
+    out = {}
+    for name, p in PLATFORMS.items():
+        out.setdefault(p.family, name)
+    return out
+
+
+def test_feature_checks_refuse_mismatches(kb):
+    pred = load_predictor(kb[1])
+    own = _platforms_by_family()["amd-zen4-avx512"]
+    other = next(p for f, p in _platforms_by_family().items() if f != "amd-zen4-avx512")
+    pred.check_features(feature_meta(), own)  # matches: no error
+    with pytest.raises(ModelMismatchError, match="feature version mismatch.*'test-fv2'"):
+        pred.check_features(feature_meta(version="test-fv2"), own)
+    with pytest.raises(ModelMismatchError, match="n_features mismatch"):
+        pred.check_features(feature_meta(n_features=F + 1), own)
+    with pytest.raises(ModelMismatchError, match="max_len mismatch"):
+        pred.check_features(feature_meta(max_len=L * 2), own)
+    with pytest.raises(ModelMismatchError, match="vocabulary"):
+        pred.check_features({**feature_meta(), "vocab": {"kinds": ["SP"]}}, own)
+    with pytest.raises(ModelMismatchError, match="family mismatch"):
+        pred.check_features(feature_meta(), other)
+    with pytest.raises(ModelMismatchError, match="unknown platform|cannot tell"):
+        pred.check_features(feature_meta(), "no-such-platform")
+    pred.check_features(feature_meta(), "no-such-platform", family="amd-zen4-avx512")
+
+
+def test_predict_features_on_a_featureset(kb):
+    features = pytest.importorskip("tcl.features")
+    _, path, model = kb
+    pred = load_predictor(path)
+    x, mask = real_shaped(40, seed=7)
+    own = _platforms_by_family()["amd-zen4-avx512"]
+    other = next(p for f, p in _platforms_by_family().items() if f != "amd-zen4-avx512")
+
+    def fs_for(platform, version="test-fv1"):
+        return features.FeatureSet(
+            x=x, mask=mask, y=np.ones(40, np.float32), latency=np.ones(40),
+            task=np.repeat(np.arange(4, dtype=np.int32), 10),
+            program_id=np.array([f"p{i}" for i in range(40)]),
+            tasks=[f"t{i}" for i in range(4)], task_desc=[f"t{i}" for i in range(4)],
+            task_weight=np.ones(4), task_networks=[["net"]] * 4, platform=platform,
+            meta=feature_meta(version))
+
+    np.testing.assert_allclose(pred.predict_features(fs_for(own)), torch_scores(model, x, mask),
+                               atol=1e-5, rtol=0)
+    with pytest.raises(ModelMismatchError, match="feature version"):
+        pred.predict_features(fs_for(own, "test-fv0"))
+    with pytest.raises(ModelMismatchError, match="family mismatch"):
+        pred.predict_features(fs_for(other))
+
+
+def test_serving_from_registry_alias(store, kb, tmp_path):
+    ckpt, path, model = kb
+    with tracking.start_run("tcl-test") as run:
+        run_id = run.info.run_id
+    v = registry.register_kb(ckpt, "amd-zen4-avx512", ["znver4-avx512-t2"], run_id,
+                             {"top1": 0.9, "top5": 1.0}, "E", "D", onnx_path=path)
+    with pytest.raises(registry.TclRegistryError, match="no alias 'production'"):
+        load_predictor("models:/tcl-kb-amd-zen4-avx512@production")
+    registry.promote("amd-zen4-avx512", v)
+    pred = load_predictor("models:/tcl-kb-amd-zen4-avx512@production",
+                          expected_family="amd-zen4-avx512")
+    assert pred.version == v and pred.family == "amd-zen4-avx512"
+    x, mask = real_shaped(64, seed=9)
+    np.testing.assert_allclose(pred.predict(x, mask), torch_scores(model, x, mask),
+                               atol=1e-5, rtol=0)
+    assert load_predictor(f"models:/tcl-kb-amd-zen4-avx512/{v}").version == v
+    with pytest.raises(ModelMismatchError, match="family mismatch"):
+        load_predictor("models:/tcl-kb-amd-zen4-avx512@production", expected_family="x86-sse")
+    with pytest.raises(registry.TclRegistryError, match="unknown family"):
+        load_predictor("models:/tcl-kb-x86-sse@production")
+    with pytest.raises(registry.TclRegistryError, match="not a TCL KB model"):
+        load_predictor("models:/other-model@production")
+
+
+def test_registry_entry_whose_onnx_names_another_family_is_refused(store, tmp_path):
+    """An ONNX exported for one family, registered by hand under another name, is refused."""
+    import mlflow
+    import onnx
+    import torch
+
+    from tcl.export import export_model
+    from tcl.models.nets import build_model
+
+    torch.manual_seed(3)
+    model = build_model("mamba", F, **CONFIG)
+    p = export_model(model, tmp_path / "m.onnx", "x86-avx2", "mamba", CONFIG, feature_meta())
+    with tracking.start_run("tcl-test"):
+        info = mlflow.onnx.log_model(onnx.load(str(p)), name="kb", pip_requirements=["onnx"],
+                                     save_as_external_data=False)
+    mlflow.register_model(info.model_uri, "tcl-kb-x86-sse")
+    with pytest.raises(ModelMismatchError, match="exported for family 'x86-avx2'"):
+        load_predictor("models:/tcl-kb-x86-sse/1")
+
+
+def test_onnx_without_tcl_metadata_is_refused(tmp_path):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["score"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                          [helper.make_tensor_value_info("score", TensorProto.FLOAT, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (tmp_path / "plain.onnx").write_bytes(m.SerializeToString())
+    with pytest.raises(ModelMismatchError, match="lacks TCL export metadata"):
+        load_predictor(tmp_path / "plain.onnx")
+
+
+def test_cli_export_and_predict(kb, tmp_path):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    ckpt, _, model = kb
+    out = tmp_path / "cli.onnx"
+    res = CliRunner().invoke(main, ["export", str(ckpt), "--family", "amd-zen4-avx512",
+                                    "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert read_metadata(out)["family"] == "amd-zen4-avx512"
+    res = CliRunner().invoke(main, ["export", str(ckpt), "--family", "bad/fam", "--out",
+                                    str(tmp_path / "x.onnx")])
+    assert res.exit_code == 2 and "invalid hardware family" in res.output
+
+
+def test_bench_serving_reports_both_engines(kb):
+    res = bench_serving((1, 32), checkpoint=kb[0], seconds=0.15, sweep=False)
+    assert [r["batch"] for r in res["rows"]] == [1, 32]
+    for r in res["rows"]:
+        assert r["onnx_pps"] > 0 and r["torch_pps"] > 0
+    assert res["flops_per_prediction"] > 0
+    assert res["matmul_gflops"]["peak"] > 0
+    assert 0 < res["fraction_of_matmul_peak"] < 1.5
