@@ -9,7 +9,8 @@ family             hardware family the model serves (``tcl-kb-<family>``)
 feature_version    ``tcl.features.FEATURE_VERSION`` the model was trained on
 max_len            L of the training features (sequences are padded/cropped to it)
 n_features         F
-vocab_hash         sha256 of the featurizer vocabulary (canonical JSON), "" if it had none
+vocab_hash         hash of the featurizer vocabulary (``tcl.features.vocabulary_hash``), ""
+                   if the features had none
 kind               mamba | mlp | tlp
 config             model config, JSON
 source_run         MLflow run id that trained the model ("" if unknown)
@@ -58,10 +59,15 @@ def default_opset() -> int:
 
 
 def vocab_hash(vocab) -> str:
+    """Same formula as ``tcl.features.vocabulary_hash`` (sha1 of sorted-key JSON, 12 hex)."""
     if not vocab:
         return ""
-    blob = json.dumps(vocab, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
+    return hashlib.sha1(json.dumps(vocab, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def features_vocab_hash(feature_meta: dict) -> str:
+    """The vocabulary hash of a FeatureSet/featurizer meta: its ``vocab_hash``, else computed."""
+    return str(feature_meta.get("vocab_hash") or vocab_hash(feature_meta.get("vocab")))
 
 
 def example_inputs(batch: int, length: int, n_features: int, seed: int = 0):
@@ -175,7 +181,7 @@ def export_model(model, out_path: str | os.PathLike, family: str, kind: str, con
         "feature_version": str(feature_meta.get("feature_version", "")),
         "max_len": str(max_len),
         "n_features": str(n_features),
-        "vocab_hash": vocab_hash(feature_meta.get("vocab")),
+        "vocab_hash": features_vocab_hash(feature_meta),
         "kind": kind,
         "config": json.dumps(config or {}, sort_keys=True),
         "source_run": source_run or "",

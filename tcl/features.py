@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from .io import atomic_path
 from .records import STEP_KINDS
@@ -60,6 +61,9 @@ class Featurizer:
         self.string_index = {s: self.str_offset + i for i, s in enumerate(STRING_VOCAB)}
         self.other_string = self.str_offset + len(STRING_VOCAB)
         self.n_features = self.other_string + 1
+        self.max_cached_steps = 200_000
+        self._rows: dict[bytes, int] = {}  # step JSON -> row of self._table
+        self._table: list[np.ndarray] = []
 
     @property
     def meta(self) -> dict:
@@ -68,49 +72,59 @@ class Featurizer:
 
     def __call__(self, programs: list[list]) -> tuple[np.ndarray, np.ndarray]:
         L, F = self.max_len, self.n_features
-        n = len(programs)
-        x = np.zeros((n, L, F), np.float32)
-        lengths = np.zeros(n, np.int64)
-        hot: list[int] = []  # flat indices set to 1
-        num_pos: list[int] = []
-        num_val: list[float] = []
-        kind_index, skip, string_index = self.kind_index, self.skip, self.string_index
-        other, num_offset = self.other_string, self.num_offset
+        skip, rows, row_of, dumps = self.skip, self._rows, self._row_of, orjson.dumps
+        ids: list[int] = []
+        lengths = np.zeros(len(programs), np.int64)
         for p, steps in enumerate(programs):
-            t = 0
-            for step in steps:
-                kind = step[0]
-                if kind in skip:
-                    continue
-                if t == L:
-                    break
-                base = (p * L + t) * F
-                hot.append(base + kind_index[kind])
-                k = 0
-                for a in step[1:]:
-                    if type(a) is str:
-                        token, _, number = a.partition("$")  # Ansor pragmas: "auto_unroll_max_step$16"
-                        hot.append(base + string_index.get(token, other))
-                        if number and k < N_NUMERIC:
-                            try:
-                                num_val.append(float(number))
-                                num_pos.append(base + num_offset + k)
-                                k += 1
-                            except ValueError:
-                                pass
-                    elif k < N_NUMERIC:
-                        num_pos.append(base + num_offset + k)
-                        num_val.append(a)
-                        k += 1
-                t += 1
-            lengths[p] = t
-        flat = x.reshape(-1)
-        flat[np.asarray(hot, np.int64)] = 1.0
-        if num_val:
-            v = np.asarray(num_val, np.float64)
-            flat[np.asarray(num_pos, np.int64)] = (np.sign(v) * np.log2(1.0 + np.abs(v))).astype(np.float32)
+            keys = [dumps(s) for s in steps if s[0] not in skip][:L]
+            ids.extend([rows[k] if k in rows else row_of(k) for k in keys])
+            lengths[p] = len(keys)
+        table = np.stack(self._table) if self._table else np.zeros((0, F), np.float32)
+        # position (program * L + t) of every kept step, without a Python loop
+        starts = np.repeat(np.arange(len(programs)) * L, lengths)
+        offsets = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        x = np.zeros((len(programs) * L, F), np.float32)
+        x[starts + offsets] = table[np.asarray(ids, np.int64)]
+        if len(self._table) > self.max_cached_steps:  # bound memory on huge, diverse inputs
+            self._rows.clear()
+            self._table.clear()
         mask = np.arange(L)[None, :] < lengths[:, None]
-        return x, mask
+        return x.reshape(len(programs), L, F), mask
+
+    def _row_of(self, key: bytes) -> int:
+        """Feature row of one step, computed once per distinct step (programs share most)."""
+        step = flatten_step(orjson.loads(key))
+        row = np.zeros(self.n_features, np.float32)
+        row[self.kind_index[step[0]]] = 1.0
+        k = 0
+        for a in step[1:]:
+            if a.__class__ is str:
+                token, _, number = a.partition("$")  # Ansor pragmas: "auto_unroll_max_step$16"
+                row[self.string_index.get(token, self.other_string)] = 1.0
+                if not number or k >= N_NUMERIC:
+                    continue
+                try:
+                    a = float(number)
+                except ValueError:
+                    continue
+            elif k >= N_NUMERIC:
+                continue
+            row[self.num_offset + k] = np.sign(a) * np.log2(1.0 + abs(a))
+            k += 1
+        self._rows[key] = len(self._table)
+        self._table.append(row)
+        return self._rows[key]
+
+
+def flatten_step(step: list) -> list:
+    """["SP", 2, 0, 128, [2, 2, 2, 16], 1] -> ["SP", 2, 0, 128, 2, 2, 2, 16, 1]."""
+    flat = [step[0]]
+    for a in step[1:]:
+        if a.__class__ is list:
+            flat.extend(flatten_step([None, *a])[1:])
+        else:
+            flat.append(a)
+    return flat
 
 
 def task_labels(task: np.ndarray, latency: np.ndarray) -> np.ndarray:

@@ -112,10 +112,11 @@ class Predictor:
             if key in meta and int(meta[key]) != int(self.meta[key]):
                 raise ModelMismatchError(f"{key} mismatch: features have {meta[key]}, the model "
                                          f"expects {self.meta[key]}")
-        if meta.get("vocab") and self.vocab_hash:
-            from tcl.export import vocab_hash
+        from tcl.export import features_vocab_hash
 
-            if vocab_hash(meta["vocab"]) != self.vocab_hash:
+        fh = features_vocab_hash(meta)
+        if fh and self.vocab_hash:
+            if fh != self.vocab_hash:
                 raise ModelMismatchError("featurizer vocabulary differs from the one the model "
                                          "was trained with (vocab_hash mismatch)")
         if family is None:
@@ -278,7 +279,7 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
         kind = "mamba"
         max_len = int(params.get("featurize", {}).get("max_len", 48))
         if n_features is None:
-            n_features = _default_n_features()
+            n_features = _default_n_features(max_len)
         torch.manual_seed(0)
         model = build_model(kind, n_features, **config)
         fmeta = {"feature_version": "bench", "max_len": max_len, "n_features": n_features}
@@ -333,22 +334,14 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
     return result
 
 
-def _default_n_features() -> int:
+def _default_n_features(max_len: int = 48) -> int:
+    """F of the current featurizer (``tcl.features.Featurizer``); 32 if it is not available."""
     try:
-        from tcl import features
+        from tcl.features import Featurizer
 
-        for name in ("N_FEATURES", "FEATURE_DIM", "n_features"):
-            v = getattr(features, name, None)
-            if isinstance(v, int):
-                return v
-            if callable(v):
-                try:
-                    return int(v())
-                except TypeError:
-                    continue
-    except ImportError:
-        pass
-    return 32
+        return int(Featurizer(max_len).n_features)
+    except (ImportError, AttributeError, TypeError):
+        return 32
 
 
 def format_bench(res: dict) -> str:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -184,7 +185,8 @@ def _fingerprint(kind, config, params, sets) -> str:
 def _emit(run, epoch: int, metrics: dict) -> None:
     if run is None:
         return
-    scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    scalars = {re.sub(r"[^\w\-. :/]", "_", k): float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and math.isfinite(v)}  # names MLflow accepts
     if hasattr(run, "log_metrics"):
         run.log_metrics(scalars, step=epoch)
     else:
@@ -287,7 +289,7 @@ def train_model(kind: str, train_fs, valid_fs, config: dict, train_params: dict,
                 torch.nn.utils.clip_grad_norm_(model.parameters(), float(p["grad_clip"]))
             opt.step()
             step += 1
-            total_loss += float(loss) * len(idx)
+            total_loss += float(loss.detach()) * len(idx)
             n_seen += len(idx)
             bar.set_postfix(loss=f"{total_loss / max(n_seen, 1):.4g}")
         bar.close()
@@ -315,8 +317,7 @@ def train_model(kind: str, train_fs, valid_fs, config: dict, train_params: dict,
         # checkpoints: best weights in the shared format, then the resume state (atomic, in this order)
         if improved:
             model_extra = {"epoch": epoch, "train_params": p, "valid_top1": record.get("valid_top1")}
-            with atomic_path(out_dir / MODEL_FILE, suffix=".pt") as tmp:
-                save_checkpoint(tmp, model, kind, config, feature_meta, extra=model_extra)
+            save_checkpoint(out_dir / MODEL_FILE, model, kind, config, feature_meta, extra=model_extra)  # atomic
         with atomic_path(state_path, suffix=".pt") as tmp:
             torch.save({
                 "fingerprint": fingerprint, "epoch": epoch, "step": step, "stopped": stop,

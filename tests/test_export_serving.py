@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sqlite3
 
 import numpy as np
 import pytest
 
 from tcl import registry, tracking
-from tcl.export import ExportError, export_onnx, read_metadata
-from tcl.serving import ModelMismatchError, Predictor, bench_serving, load_predictor
+from tcl.export import export_onnx, read_metadata
+from tcl.serving import ModelMismatchError, bench_serving, load_predictor
 
 F, L = 14, 16
 CONFIG = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
@@ -61,9 +58,22 @@ def kb(tmp_path_factory):
     return d / "kb.pt", out, model.eval()
 
 
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory):
+    """A migrated SQLite store made once; each test gets a copy (migrating takes seconds)."""
+    db = tmp_path_factory.mktemp("store-template") / "mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+        tracking.ensure_store()
+    return db
+
+
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, store_template):
     db = tmp_path / "registry" / "mlflow.db"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(store_template) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     return tracking.ensure_store()
 
@@ -78,9 +88,9 @@ def test_export_metadata_and_dynamic_axes(kb):
     assert (meta["max_len"], meta["n_features"]) == (L, F)
     assert meta["kind"] == "mamba" and meta["config"] == CONFIG
     assert meta["source_run"] == "run123"
-    vocab_sha = hashlib.sha256(json.dumps(VOCAB, sort_keys=True, separators=(",", ":"))
-                               .encode()).hexdigest()
-    assert meta["vocab_hash"] == vocab_sha
+    from tcl.features import vocabulary_hash
+
+    assert meta["vocab_hash"] == vocabulary_hash(VOCAB)  # the featurizer's own hash
     assert meta["checkpoint_sha256"] == registry.file_sha256(ckpt)
     proto = onnx.load(str(path))
     assert proto.opset_import[0].version == 17 or any(

@@ -82,7 +82,9 @@ def test_server_reads_registry_copy(tmp_path, monkeypatch):
         src.backup(dst)
 
     port = _free_port()
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    # no background job runner (7 huey consumer processes) for a read-only check
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true",
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     env.pop("MLFLOW_TRACKING_URI")
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(

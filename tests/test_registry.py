@@ -38,20 +38,14 @@ def make_checkpoint(path: Path, seed: int, feature_meta: dict | None = None) -> 
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def store_template(tmp_path_factory):
-    """A migrated SQLite store, created once; tests get copies (migration takes seconds)."""
-    d = tmp_path_factory.mktemp("store-template")
-    old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{d}/mlflow.db"
-    try:
+    """A migrated SQLite store made once; each test gets a copy (migrating takes seconds)."""
+    db = tmp_path_factory.mktemp("store-template") / "mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
         tracking.ensure_store()
-    finally:
-        if old is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = old
-    return d / "mlflow.db"
+    return db
 
 
 @pytest.fixture
@@ -112,8 +106,8 @@ def test_register_tags_alias_and_artifacts(store, kb, tmp_path):
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri="models:/tcl-kb-testfam/1",
                                                      dst_path=str(tmp_path / "dl")))
     files = {p.name for p in local.rglob("*") if p.is_file()}
-    assert "model.onnx" in files and "kb.pt" in files
-    assert registry.file_sha256(next(local.rglob("kb.pt"))) == tags["checkpoint_sha256"]
+    assert "model.onnx" in files and "checkpoint.pt" in files
+    assert registry.file_sha256(next(local.rglob("checkpoint.pt"))) == tags["checkpoint_sha256"]
     # the logged model is linked to the training run
     assert mlflow.MlflowClient().get_model_version("tcl-kb-testfam", "1").run_id == run_id
 
@@ -224,16 +218,16 @@ def test_cli_register_promote_list(store, kb, tmp_path):
             "--data-hash", "D9", "--eval-data", str(evald), "--json"]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["version"] == 1 and out["tags"]["eval_data_hash"] == tracking.data_hash(evald)
     assert runner.invoke(main, args).exit_code == 0
     res = runner.invoke(main, ["promote", "testfam", "1"])
     assert res.exit_code == 0 and "promoted tcl-kb-testfam version 1" in res.output
     res = runner.invoke(main, ["models", "list", "--json"])
-    rows = json.loads(res.output)
+    rows = json.loads(res.stdout)
     assert [(r["version"], r["aliases"]) for r in rows] == [(1, ["candidate", "production"])]
     res = runner.invoke(main, ["models", "show", "testfam"])
-    assert json.loads(res.output)["tags"]["platforms"] == "p-a,p-b"
+    assert json.loads(res.stdout)["tags"]["platforms"] == "p-a,p-b"
 
 
 RACE_SCRIPT = textwrap.dedent("""
@@ -289,31 +283,49 @@ def test_two_processes_promoting_at_once(store, kb, tmp_path):
     assert holders == [v2]
 
 
-STORE_SCRIPT = textwrap.dedent("""
-    import os, sys, time
-    from pathlib import Path
-    barrier, me, n = sys.argv[1:4]
-    import mlflow, sqlalchemy  # heavy imports before the barrier
-    from tcl import tracking
-    Path(barrier, me).touch()
-    while len(os.listdir(barrier)) < int(n):
-        time.sleep(0.002)
-    tracking.ensure_store()
-    with tracking.start_run("race", run_name=me):
-        mlflow.log_metric("m", 1.0)
-    print("ok")
-""")
+def _create_store_and_log(db: str, barrier: str, me: str, n: int, q) -> None:
+    """In a forked process: wait for all, then ensure_store + log one run."""
+    import time
+
+    try:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
+        import mlflow
+
+        Path(barrier, me).touch()
+        while len(os.listdir(barrier)) < n:
+            time.sleep(0.002)
+        tracking.ensure_store()
+        with tracking.start_run("race", run_name=me):
+            mlflow.log_metric("m", 1.0)
+        q.put((me, "ok"))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        q.put((me, f"{type(exc).__name__}: {exc}"))
 
 
 def test_fresh_store_created_once_by_concurrent_processes(tmp_path):
+    """Three processes create one fresh SQLite store at the same moment and log a run each.
+
+    Forked from this process (mlflow already imported) so the test stays fast; the new store
+    has never been opened here, so no connection is shared across the fork.
+    """
+    import multiprocessing as mp
+
+    import mlflow  # noqa: F401 - imported once, inherited by the children
+
     db = tmp_path / "fresh" / "registry" / "mlflow.db"
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{db}")
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    procs = [_spawn([STORE_SCRIPT, str(barrier), f"p{i}", "3"], env) for i in range(3)]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_create_store_and_log, args=(str(db), str(barrier), f"p{i}", 3, q))
+             for i in range(3)]
     for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0 and out.strip() == "ok", err[-3000:]
+        p.start()
+    results = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results == {"p0": "ok", "p1": "ok", "p2": "ok"}
     con = sqlite3.connect(db)
     try:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

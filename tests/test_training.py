@@ -38,7 +38,7 @@ def make_fs(n_tasks=12, per_task=24, seed=0, platform="synthetic", networks=None
 
 
 TRAIN = {"seed": 3, "loss": "lambdarank", "lr": 3e-3, "warmup_epochs": 1, "schedule": "cosine",
-         "batch_size": 64, "epochs": 3, "patience": 5}
+         "batch_size": 64, "epochs": 3, "patience": 5, "threads": 1}
 MLP = {"hidden": 32, "n_layers": 2}
 
 
@@ -47,11 +47,13 @@ def _strip_timing(history):
     return [{k: v for k, v in h.items() if k not in timing} for h in history]
 
 
-def test_resume_after_interruption_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("kind,config", [("mlp", MLP),
+                                         ("mamba", {"d_model": 8, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2})])
+def test_resume_after_interruption_equals_uninterrupted(tmp_path, kind, config):
     from tcl.training import STATE_FILE, train_model
 
     train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=6)
-    model_a, hist_a = train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "a")
+    model_a, hist_a = train_model(kind, train, valid, config, TRAIN, tmp_path / "a")
 
     class Interrupt(Exception):
         pass
@@ -61,10 +63,10 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "b", run=crash_after_epoch_1)
+        train_model(kind, train, valid, config, TRAIN, tmp_path / "b", run=crash_after_epoch_1)
     assert (tmp_path / "b" / STATE_FILE).exists()
     seen = []
-    model_b, hist_b = train_model("mlp", train, valid, MLP, TRAIN, tmp_path / "b",
+    model_b, hist_b = train_model(kind, train, valid, config, TRAIN, tmp_path / "b",
                                   run=lambda e, m: seen.append(e))
     assert seen == [2]  # only the epoch that had not finished ran again
     assert _strip_timing(hist_a) == _strip_timing(hist_b)
@@ -177,7 +179,8 @@ def test_cli_train_logs_mlflow_run_and_evaluate_json(tmp_path, monkeypatch):
     assert tags["seed"] == str(TRAIN["seed"]) and tags["git_commit"]
     per_epoch = client.get_metric_history(run.info.run_id, "valid_top1")
     assert sorted(m.step for m in per_epoch) == [0, 1]
-    assert "best_valid_top1" in run.data.metrics and "train_loss" in run.data.metrics
+    assert run.data.metrics["best_valid_top1"] == pytest.approx(max(m.value for m in per_epoch))
+    assert {"train_loss", "best_epoch", "best_valid_pairwise"} <= set(run.data.metrics)
     artifacts = [f.path for f in client.list_artifacts(run.info.run_id, "checkpoint")]
     assert "checkpoint/model.pt" in artifacts
 
@@ -186,4 +189,53 @@ def test_cli_train_logs_mlflow_run_and_evaluate_json(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         metrics = json.loads(res.output.strip().splitlines()[-1])
         assert {"top1", "top5", "pairwise"} <= set(metrics)
-        assert metrics["top1"] == pytest.approx(summary["valid_top1"])
+        assert metrics["top1"] == pytest.approx(summary["best_valid_top1"])
+
+
+def _train_cli(tmp_path, monkeypatch, kind, params, extra=()):
+    import yaml
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    make_fs(seed=0).save(tmp_path / "train.npz")
+    make_fs(seed=1, n_tasks=6).save(tmp_path / "valid.npz")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    res = CliRunner().invoke(main, ["train", "--model", kind, "--data", str(tmp_path / "train.npz"),
+                                    "--valid", str(tmp_path / "valid.npz"), "--params", str(tmp_path / "params.yaml"),
+                                    "--out", str(tmp_path / "out"), "--json", *extra])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output.strip().splitlines()[-1])
+
+
+def test_cli_train_xgb_logs_rounds_and_json_model(tmp_path, monkeypatch):
+    import mlflow
+
+    params = {"models": {"xgb": {"n_estimators": 8, "max_depth": 3, "eta": 0.3}}, "train": TRAIN}
+    summary = _train_cli(tmp_path, monkeypatch, "xgb", params)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["model.max_depth"] == "3" and run.data.tags["model_kind"] == "xgb"
+    rounds = client.get_metric_history(run.info.run_id, "valid_ndcg_at5")
+    assert sorted(m.step for m in rounds) == list(range(8))
+    assert "checkpoint/model.json" in [f.path for f in client.list_artifacts(run.info.run_id, "checkpoint")]
+    assert 0 < summary["best_valid_top1"] <= 1
+
+
+def test_evaluate_resolves_registered_model_uri(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tcl import registry
+    from tcl.cli import main
+
+    params = {"models": {"mlp": MLP}, "train": {**TRAIN, "epochs": 1}}
+    summary = _train_cli(tmp_path, monkeypatch, "mlp", params)
+    registry.register_kb(summary["checkpoint"], "testfam", ["synthetic"], summary["run_id"],
+                         {"top1": summary["best_valid_top1"], "top5": summary["best_valid_top5"]},
+                         eval_data_hash="e", data_hash="d")
+    res = CliRunner().invoke(main, ["evaluate", "--model", "models:/tcl-kb-testfam@candidate",
+                                    "--data", str(tmp_path / "valid.npz"), "--json"])
+    assert res.exit_code == 0, res.output
+    metrics = json.loads(res.output.strip().splitlines()[-1])
+    assert metrics["kind"] == "mlp" and metrics["top1"] == pytest.approx(summary["best_valid_top1"])

@@ -188,24 +188,22 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
         model, history = train_model(kind, train_sets, valid_sets, config, train_params, out_dir,
                                      run=mlflow, progress=progress)
 
+        # final metrics: best_valid_* of the returned model (the best epoch's weights for nets,
+        # the final booster for xgb), test_* on held-out data; per-epoch names are not reused
         final: dict = {}
         nets_history = [h for h in history if "best_epoch" in h]
         if nets_history:
-            best_epoch = nets_history[-1]["best_epoch"]
-            best = next(h for h in nets_history if h["epoch"] == best_epoch)
-            final.update({f"best_{k}": v for k, v in best.items() if k.startswith("valid_")})
-            final["best_epoch"] = best_epoch
+            final["best_epoch"] = nets_history[-1]["best_epoch"]
             final["epochs_run"] = len(nets_history)
             final["train_samples_per_s"] = sum(h["train_samples_per_s"] for h in nets_history) / len(nets_history)
         elif history:
-            final.update({f"best_{k}" if k.startswith("valid_") else k: v
-                          for k, v in history[-1].items() if k != "epoch"})
+            final.update({"boost_rounds": history[-1]["epoch"], "train_seconds": history[-1]["train_seconds"],
+                          "train_samples_per_s": history[-1]["train_samples_per_s"]})
+        keys = ("top1", "top5", "pairwise", "spearman")
         if valid_sets:
-            final.update({f"valid_{k}": v for k, v in evaluate_model(model, valid_sets).items()
-                          if k in ("top1", "top5", "pairwise", "spearman")})
+            final.update({f"best_valid_{k}": v for k, v in evaluate_model(model, valid_sets).items() if k in keys})
         if test_sets:
-            final.update({f"test_{k}": v for k, v in evaluate_model(model, test_sets).items()
-                          if k in ("top1", "top5", "pairwise", "spearman")})
+            final.update({f"test_{k}": v for k, v in evaluate_model(model, test_sets).items() if k in keys})
         mlflow.log_metrics({k: float(v) for k, v in final.items()
                             if isinstance(v, (int, float)) and math.isfinite(v)})
 
@@ -253,7 +251,7 @@ def train(kind, data, valid, test, preset, params_path, sets, train_sets, out, e
     if not as_json:
         click.echo(f"run {summary['run_id']}  checkpoint {summary['checkpoint']}")
         for key in sorted(summary):
-            if key.startswith(("best_valid_", "valid_", "test_")) and isinstance(summary[key], float):
+            if key.startswith(("best_valid_", "test_")) and isinstance(summary[key], float):
                 click.echo(f"  {key:24s} {summary[key]:.4f}")
     else:
         click.echo(json.dumps(summary, sort_keys=True))
@@ -304,7 +302,7 @@ def bench():
               help="Comma-separated: mamba-kb, mamba-ac, mlp, tlp, xgb.")
 @click.option("--data", default=None, type=click.Path(exists=True, dir_okay=False),
               help="FeatureSet to time on (default: random tensors of the featurizer's shape).")
-@click.option("--samples", default=4096, show_default=True, help="Programs per timed run.")
+@click.option("--samples", default=2048, show_default=True, help="Programs per timed run.")
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
 def bench_train_cmd(names, data, samples, params_path, as_json):

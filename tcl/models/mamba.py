@@ -126,6 +126,99 @@ def selective_scan_ref(
     return y.to(dtype)
 
 
+def _scan_forward(u, delta, A, B, C, ckpt_every: int = 0):
+    """The in-place sequential scan (no autograd).  Returns (y (L, b, E), checkpoints) where
+    checkpoints (n_chunks - 1, b, N, E) hold the state entering each chunk of `ckpt_every`
+    steps after the first (None when ckpt_every is 0)."""
+    L, batch, E = u.shape
+    N = A.shape[1]
+    a2 = (A * _LOG2E).t().contiguous()  # (N, E); exp(x) == exp2(x * log2 e), exp2 is ~3x cheaper
+    du = (delta * u).unsqueeze(2)  # (L, b, 1, E)
+    dl = delta.unsqueeze(2)  # (L, b, 1, E)
+    Bn = B.unsqueeze(3)  # (L, b, N, 1)
+    Cn = C.unsqueeze(2).contiguous()  # (L, b, 1, N)
+    y = u.new_empty(L, batch, 1, E)
+    ckpts = None
+    if ckpt_every:
+        ckpts = u.new_empty(max(0, -(-L // ckpt_every) - 1), batch, N, E)
+    h = torch.mul(du[0], Bn[0]) if L else u.new_zeros(batch, N, E)
+    dA = u.new_empty(batch, N, E)
+    for t in range(L):
+        if t:
+            torch.mul(dl[t], a2, out=dA)
+            dA.exp2_()
+            h.mul_(dA).addcmul_(du[t], Bn[t])
+        torch.bmm(Cn[t], h, out=y[t])
+        if ckpts is not None and (t + 1) % ckpt_every == 0 and t + 1 < L:
+            ckpts[(t + 1) // ckpt_every - 1].copy_(h)
+    return y.squeeze(2), ckpts
+
+
+class _SelectiveScanFn(torch.autograd.Function):
+    """Sequential scan with a hand-written backward: the forward keeps only the inputs and the
+    state every ~sqrt(L) steps; the backward recomputes each chunk's states and runs the
+    reverse-time recurrence for the state gradient.  Memory O(sqrt(L) * b * N * E) instead of
+    autograd's O(L * b * N * E) per saved intermediate."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C):
+        L = u.shape[0]
+        K = max(1, math.ceil(math.sqrt(L)))
+        with torch.no_grad():
+            y, ckpts = _scan_forward(u, delta, A, B, C, ckpt_every=K)
+        ctx.K = K
+        ctx.save_for_backward(u, delta, A, B, C, ckpts)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        u, delta, A, B, C, ckpts = ctx.saved_tensors
+        K = ctx.K
+        L, batch, E = u.shape
+        N = A.shape[1]
+        gy = gy.contiguous()
+        At = A.t().contiguous()  # (N, E)
+        a2 = At * _LOG2E
+        du = delta * u  # (L, b, E)
+        g_u = torch.empty_like(u)
+        g_delta = torch.empty_like(delta)
+        g_B = u.new_empty(L, batch, N)
+        g_C = u.new_empty(L, batch, N)
+        gh = u.new_zeros(batch, N, E)  # d loss / d h_t, carried backwards in time
+        gA_acc = u.new_zeros(batch, N, E)
+        n_chunks = -(-L // K)
+        hs = u.new_empty(K + 1, batch, N, E)  # hs[i] = state before chunk step i
+        As = u.new_empty(K, batch, N, E)  # decays of the chunk's steps
+        tmp = u.new_empty(batch, N, E)
+        for c in reversed(range(n_chunks)):
+            t0, t1 = c * K, min(L, (c + 1) * K)
+            if c == 0:
+                hs[0].zero_()
+            else:
+                hs[0].copy_(ckpts[c - 1])
+            for i, t in enumerate(range(t0, t1)):  # recompute the chunk's states
+                torch.mul(delta[t].unsqueeze(1), a2, out=As[i])
+                As[i].exp2_()
+                torch.mul(hs[i], As[i], out=hs[i + 1])
+                hs[i + 1].addcmul_(du[t].unsqueeze(1), B[t].unsqueeze(2))
+            for i in reversed(range(t1 - t0)):
+                t = t0 + i
+                gh.addcmul_(C[t].unsqueeze(2), gy[t].unsqueeze(1))  # y_t = C_t . h_t
+                torch.bmm(hs[i + 1], gy[t].unsqueeze(2), out=g_C[t].unsqueeze(2))
+                s = torch.bmm(B[t].unsqueeze(1), gh).squeeze(1)  # (b, E): sum_n B_tn gh_n
+                torch.mul(delta[t], s, out=g_u[t])
+                torch.bmm(gh, du[t].unsqueeze(2), out=g_B[t].unsqueeze(2))
+                torch.mul(u[t], s, out=g_delta[t])
+                if t > 0:  # h_t = a_t * h_{t-1} + ...; h_{-1} = 0 has no decay gradient
+                    torch.mul(gh, hs[i], out=tmp)
+                    tmp.mul_(As[i])  # d loss / d (delta_t * A)
+                    gA_acc.addcmul_(tmp, delta[t].unsqueeze(1))
+                    g_delta[t].add_((tmp * At).sum(1))
+                gh.mul_(As[i])
+        g_A = gA_acc.sum(0).t()
+        return g_u, g_delta, g_A, g_B, g_C
+
+
 def scan_sequential_tm(
     u: torch.Tensor,
     delta: torch.Tensor,
@@ -137,10 +230,10 @@ def scan_sequential_tm(
     """Time-major selective scan without the D skip / gate: returns sum_n C_tn h_tn, (L, b, E).
 
     u, delta: (L, b, E) (delta already positive); A: (E, N); B, C: (L, b, N).
-    The state is (b, N, E): every element-wise op has a contiguous inner dimension E.
-    Without autograd the state is updated in place (no allocation per step).
-    ``block_size`` > 0 processes the batch in blocks of that many rows (keeps the per-step
-    working set in cache for very large batches).
+    The state is (b, N, E): every element-wise op has a contiguous inner dimension E, the state
+    is updated in place, and no (L, b, N, E) tensor exists.  With autograd, a custom backward
+    (``_SelectiveScanFn``) recomputes states from sqrt(L) checkpoints.
+    ``block_size`` > 0 processes the batch in blocks of that many rows.
     """
     L, batch, E = u.shape
     if block_size and batch > block_size:
@@ -152,33 +245,10 @@ def scan_sequential_tm(
             ],
             dim=1,
         )
-    N = A.shape[1]
-    a2 = (A * _LOG2E).t().contiguous()  # (N, E); exp(x) == exp2(x * log2 e), exp2 is ~3x cheaper
-    du = (delta * u).unsqueeze(2)  # (L, b, 1, E)
-    dl = delta.unsqueeze(2)  # (L, b, 1, E)
-    Bn = B.unsqueeze(3)  # (L, b, N, 1)
-    Cn = C.unsqueeze(2).contiguous()  # (L, b, 1, N)
-    grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (u, delta, A, B, C)
-    )
-    y = u.new_empty(L, batch, 1, E)
-    if grad:
-        ys = []
-        h = du[0] * Bn[0]
-        ys.append(torch.matmul(Cn[0], h))
-        for t in range(1, L):
-            h = torch.addcmul(du[t] * Bn[t], h, torch.exp2(dl[t] * a2))
-            ys.append(torch.matmul(Cn[t], h))
-        return torch.stack(ys, 0).squeeze(2)
-    h = torch.mul(du[0], Bn[0]) if L else u.new_zeros(batch, N, E)
-    dA = u.new_empty(batch, N, E)
-    for t in range(L):
-        if t:
-            torch.mul(dl[t], a2, out=dA)
-            dA.exp2_()
-            h.mul_(dA).addcmul_(du[t], Bn[t])
-        torch.bmm(Cn[t], h, out=y[t])
-    return y.squeeze(2)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (u, delta, A, B, C)):
+        return _SelectiveScanFn.apply(u.contiguous(), delta.contiguous(), A.contiguous(),
+                                      B.contiguous(), C.contiguous())
+    return _scan_forward(u, delta, A, B, C)[0]
 
 
 def _shift_time(x: torch.Tensor, d: int, fill: float) -> torch.Tensor:
@@ -407,7 +477,7 @@ class Mamba(nn.Module):
         else:
             out = x * w[:, K - 1]
         for j in range(1, min(K, L)):
-            out[j:] += x[: L - j] * w[:, K - 1 - j]
+            out[j:].addcmul_(x[: L - j], w[:, K - 1 - j])
         return out
 
     # -- forward --------------------------------------------------------------------------
@@ -450,7 +520,10 @@ class Mamba(nn.Module):
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:
             raise ValueError(f"unknown scan method {method!r}")
-        y = torch.addcmul(y, xc, self.D) * F.silu(z)
+        if torch.is_grad_enabled():
+            y = torch.addcmul(y, xc, self.D) * F.silu(z)
+        else:  # inference: reuse the buffers
+            y = y.addcmul_(xc, self.D).mul_(F.silu(z, inplace=True))
         return self.out_proj(y)
 
     def _ssm_inputs(self, x: torch.Tensor):

@@ -161,7 +161,8 @@ def _round_callback(fn):
 
     class _Forward(xgb.callback.TrainingCallback):
         def after_iteration(self, model, epoch, evals_log):
-            fn(epoch, {f"{d}_{m}": float(v[-1]) for d, ms in evals_log.items() for m, v in ms.items()})
+            # "ndcg@5" -> "ndcg_at5": MLflow metric names allow no "@"
+            fn(epoch, {f"{d}_{m}".replace("@", "_at"): float(v[-1]) for d, ms in evals_log.items() for m, v in ms.items()})
             return False  # never stop training
 
     return _Forward()

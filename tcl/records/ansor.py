@@ -3,12 +3,13 @@
     {"i": [[workload_key, target, hw_params, host, layout_rewrite, ...], [[], steps]],
      "r": [costs, error_no, all_cost, timestamp], "v": "v0.6"}
 
-Steps are lists headed by a code (`["SP", stage, iter, extent, [factors], inner_to_outer]`);
-nested lists are flattened into the step's arguments.
+Steps are lists headed by a code (`["SP", stage, iter, extent, [factors], inner_to_outer]`)
+and are kept as written; `tcl.features` flattens nested arguments.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Iterator
 
 import orjson
@@ -18,14 +19,7 @@ from . import ANSOR_STEP_KINDS, Record, Reject, check_latencies, loads_lenient
 _KINDS = frozenset(ANSOR_STEP_KINDS)
 
 
-def _flatten(args: list, out: list) -> None:
-    for a in args:
-        if isinstance(a, list):
-            _flatten(a, out)
-        else:
-            out.append(a)
-
-
+@functools.lru_cache(maxsize=65536)
 def _task_desc(workload_key: str, target: str) -> str:
     """'hash(shape args...) @ target-kind' from a workload key like '["hash", 1, 56, 56, 64]'."""
     try:
@@ -59,14 +53,11 @@ def parse_line(line: bytes | str, platform: str) -> Record | tuple[str, str]:
     reason = check_latencies(costs)
     if reason:
         return reason, f"costs={costs!r}"[:120]
-    steps = []
     for s in raw_steps:
-        if not isinstance(s, list) or not s or s[0] not in _KINDS:
+        if s.__class__ is not list or not s or s[0] not in _KINDS:
             return "unknown_step_kind", f"step {s!r}"[:120]
-        flat = [s[0]]
-        _flatten(s[1:], flat)
-        steps.append(flat)
-    return Record(platform, workload_key, _task_desc(workload_key, target), 1.0, "", steps,
+    # steps stay as Ansor wrote them (factor lists nested); the featurizer flattens each distinct step once
+    return Record(platform, workload_key, _task_desc(workload_key, target), 1.0, "", raw_steps,
                   [float(c) for c in costs], "ansor")
 
 

@@ -1,0 +1,216 @@
+"""Prediction throughput of the cost models (PyTorch, CPU), with this machine's baselines.
+
+``bench_predict()`` times ``model(x, mask)`` under ``torch.inference_mode()`` for each model and
+batch size, and in the same run measures two baselines so the numbers can be judged on any
+machine:
+
+* ``matmul``: fp32 GFLOP/s of ``torch.mm`` on 1024 x 1024 matrices (the practical peak);
+* ``mamba-kb (naive scan)``: the KB model with the reference selective scan (a loop over time
+  that materialises (B, E, L, N)), the usual pure-PyTorch implementation.
+
+Each model row carries ``frac_matmul_peak`` (its GFLOP/s over the matmul's) and Mamba-KB rows
+``speedup_vs_naive``.  ``format_table(rows)`` renders the rows for the terminal.
+
+Other processes on the same cores distort every number here; ``loadavg`` in each row records
+the 1-minute load average when the run started.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable, Sequence
+
+__all__ = ["bench_predict", "format_table", "default_n_features", "model_for"]
+
+NAIVE = "mamba-kb (naive scan)"
+MATMUL = "matmul fp32 1024"
+
+
+def default_n_features() -> int:
+    """F of the featurizer (``tcl.features``) when it says, else 64."""
+    try:
+        from tcl import features
+    except Exception:  # noqa: BLE001 - module absent or failing: fall back
+        return 64
+    for name in ("N_FEATURES", "FEATURE_DIM", "n_features", "feature_dim"):
+        v = getattr(features, name, None)
+        try:
+            v = v() if callable(v) else v
+            if v is not None and int(v) > 0:
+                return int(v)
+        except Exception:  # noqa: BLE001
+            continue
+    return 64
+
+
+def _params(params_path) -> dict:
+    try:
+        import yaml
+
+        from tcl.models.nets import _find_params
+
+        return yaml.safe_load(_find_params(params_path).read_text()) or {}
+    except (OSError, ImportError):
+        return {}
+
+
+def model_for(name: str, n_features: int, params_path: str | os.PathLike = "params.yaml"):
+    """(kind, config, model) for a bench name: ``mamba-kb``, ``mamba-ac``, ``mlp``, ``tlp``
+    (configs from params.yaml ``models``, else the built-in defaults)."""
+    import torch
+
+    from tcl.models.nets import DEFAULTS, build_model
+
+    models = _params(params_path).get("models") or {}
+    if name.startswith("mamba"):
+        preset = name.split("-", 1)[1] if "-" in name else "kb"
+        config = dict((models.get("mamba") or {}).get(preset) or {})
+        if not config:
+            if preset != "kb":
+                raise KeyError(f"no Mamba preset {preset!r} in params.yaml")
+            config = {k: DEFAULTS["mamba"][k] for k in ("d_model", "n_layers", "d_state", "expand", "d_conv")}
+        kind = "mamba"
+    elif name in ("mlp", "tlp"):
+        kind, config = name, dict(models.get(name) or {})
+    else:
+        raise ValueError(f"unknown bench model {name!r} (mamba-kb, mamba-ac, mlp, tlp)")
+    torch.manual_seed(0)
+    return kind, config, build_model(kind, n_features, **config).eval()
+
+
+def _rate(fn, items: int, seconds: float) -> float:
+    """items per second of fn() over about `seconds` (after one warm-up call)."""
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds:
+            return n * items / dt
+
+
+def matmul_gflops(seconds: float = 1.0, n: int = 1024) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    with torch.inference_mode():
+        return _rate(lambda: torch.mm(a, b), 1, seconds) * 2.0 * n ** 3 / 1e9
+
+
+def _inputs(batch: int, seq_len: int, n_features: int, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq_len, n_features, generator=g)
+    lengths = torch.randint(max(1, seq_len // 2), seq_len + 1, (batch,), generator=g)
+    mask = torch.arange(seq_len)[None, :] < lengths[:, None]
+    x[~mask] = 0.0
+    return x, mask
+
+
+def bench_predict(
+    kinds: Sequence[str] = ("mamba-kb", "mamba-ac", "mlp", "tlp"),
+    batch_sizes: Iterable[int] = (1, 64, 1024),
+    seq_len: int = 48,
+    n_features: int | None = None,
+    seconds: float = 2.0,
+    threads: int = 2,
+    naive: bool = True,
+    params_path: str | os.PathLike = "params.yaml",
+) -> list[dict]:
+    """Programs/s of PyTorch CPU inference per model and batch size, plus baselines.
+
+    Returns one dict per (model, batch): ``model, batch, seq_len, n_features, threads,
+    programs_per_s, flops_per_prediction, gflops_per_s, size_mb, params, matmul_gflops,
+    frac_matmul_peak, loadavg`` (+ ``speedup_vs_naive`` for mamba-kb), then the baseline rows
+    ``mamba-kb (naive scan)`` per batch and ``matmul fp32 1024``.
+    `kinds` may also be one comma-separated string.
+    """
+    import torch
+
+    from tcl.models.nets import count_parameters, flops_per_prediction, model_size_mb
+
+    if isinstance(kinds, str):
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+    if isinstance(batch_sizes, (int, str)):
+        batch_sizes = [int(b) for b in str(batch_sizes).split(",")]
+    batch_sizes = [int(b) for b in batch_sizes]
+    F = int(n_features or default_n_features())
+    L = int(seq_len)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows: list[dict] = []
+    try:
+        peak = matmul_gflops(min(seconds, 1.0))
+        for name in kinds:
+            kind, config, model = model_for(name, F, params_path)
+            fl = flops_per_prediction(model, L)
+            for b in batch_sizes:
+                x, mask = _inputs(b, L, F, seed=b)
+                with torch.inference_mode():
+                    pps = _rate(lambda: model(x, mask), b, seconds)
+                rows.append({
+                    "model": name, "batch": b, "seq_len": L, "n_features": F, "threads": int(threads),
+                    "programs_per_s": pps, "flops_per_prediction": fl, "gflops_per_s": pps * fl / 1e9,
+                    "size_mb": model_size_mb(model), "params": count_parameters(model),
+                    "matmul_gflops": peak, "frac_matmul_peak": pps * fl / 1e9 / peak, "loadavg": load,
+                })
+        if naive:
+            kind, config, model = model_for("mamba-kb", F, params_path)
+            model.set_scan_method("ref")
+            fl = flops_per_prediction(model, L)
+            for b in batch_sizes:
+                x, mask = _inputs(b, L, F, seed=b)
+                with torch.inference_mode():
+                    pps = _rate(lambda: model(x, mask), b, seconds)
+                rows.append({
+                    "model": NAIVE, "batch": b, "seq_len": L, "n_features": F, "threads": int(threads),
+                    "programs_per_s": pps, "flops_per_prediction": fl, "gflops_per_s": pps * fl / 1e9,
+                    "size_mb": model_size_mb(model), "params": count_parameters(model),
+                    "matmul_gflops": peak, "frac_matmul_peak": pps * fl / 1e9 / peak, "loadavg": load,
+                })
+                for r in rows:
+                    if r["model"] == "mamba-kb" and r["batch"] == b:
+                        r["speedup_vs_naive"] = r["programs_per_s"] / pps
+        rows.append({"model": MATMUL, "batch": 1024, "seq_len": None, "n_features": None,
+                     "threads": int(threads), "programs_per_s": None, "flops_per_prediction": 2 * 1024 ** 3,
+                     "gflops_per_s": peak, "size_mb": None, "params": None, "matmul_gflops": peak,
+                     "frac_matmul_peak": 1.0, "loadavg": load})
+    finally:
+        torch.set_num_threads(old_threads)
+    return rows
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None:
+        return "-"
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table (one line per model and batch)."""
+    cols = [("model", "model", "s"), ("batch", "batch", "d"), ("programs/s", "programs_per_s", ",.0f"),
+            ("FLOPs/pred", "flops_per_prediction", ".3g"), ("GFLOP/s", "gflops_per_s", ".2f"),
+            ("% matmul", "frac_matmul_peak", ".1%"), ("size MB", "size_mb", ".3f"),
+            ("vs naive", "speedup_vs_naive", ".1f")]
+    table = [[h for h, _, _ in cols]]
+    for r in rows:
+        cells = []
+        for _, key, spec in cols:
+            v = r.get(key)
+            cells.append(_fmt(v, spec) + ("x" if key == "speedup_vs_naive" and v is not None else ""))
+        table.append(cells)
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in table]
+    if rows:
+        r0 = rows[0]
+        lines.append(f"seq_len={r0.get('seq_len')} n_features={r0.get('n_features')} threads={r0.get('threads')} "
+                     f"loadavg(1m)={_fmt(r0.get('loadavg'), '.2f')}")
+    return "\n".join(lines)
