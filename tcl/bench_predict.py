@@ -99,6 +99,21 @@ def matmul_gflops(seconds: float = 1.0, n: int = 1024) -> float:
         return _rate(lambda: torch.mm(a, b), 1, seconds) * 2.0 * n ** 3 / 1e9
 
 
+def _onnx_session(model, n_features: int, seq_len: int, threads: int):
+    import io
+
+    import onnxruntime as ort
+
+    from tcl.models.nets import export_onnx
+
+    buf = io.BytesIO()
+    export_onnx(model, buf, n_features, max_len=seq_len)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = int(threads)
+    so.inter_op_num_threads = 1
+    return ort.InferenceSession(buf.getvalue(), so, providers=["CPUExecutionProvider"])
+
+
 def _inputs(batch: int, seq_len: int, n_features: int, seed: int = 0):
     import torch
 
@@ -118,6 +133,7 @@ def bench_predict(
     seconds: float = 2.0,
     threads: int = 2,
     naive: bool = True,
+    onnx: bool = False,
     params_path: str | os.PathLike = "params.yaml",
 ) -> list[dict]:
     """Programs/s of PyTorch CPU inference per model and batch size, plus baselines.
@@ -126,6 +142,8 @@ def bench_predict(
     programs_per_s, flops_per_prediction, gflops_per_s, size_mb, params, matmul_gflops,
     frac_matmul_peak, loadavg`` (+ ``speedup_vs_naive`` for mamba-kb), then the baseline rows
     ``mamba-kb (naive scan)`` per batch and ``matmul fp32 1024``.
+    With ``onnx=True`` each model is also exported (traced at `seq_len`) and timed in
+    onnxruntime with `threads` intra-op threads: ``onnx_programs_per_s``.
     `kinds` may also be one comma-separated string.
     """
     import torch
@@ -148,16 +166,22 @@ def bench_predict(
         for name in kinds:
             kind, config, model = model_for(name, F, params_path)
             fl = flops_per_prediction(model, L)
+            sess = _onnx_session(model, F, L, threads) if onnx else None
             for b in batch_sizes:
                 x, mask = _inputs(b, L, F, seed=b)
                 with torch.inference_mode():
                     pps = _rate(lambda: model(x, mask), b, seconds)
+                if sess is not None:
+                    feeds = {"x": x.numpy(), "mask": mask.numpy()}
+                    onnx_pps = _rate(lambda: sess.run(None, feeds), b, seconds)
                 rows.append({
                     "model": name, "batch": b, "seq_len": L, "n_features": F, "threads": int(threads),
                     "programs_per_s": pps, "flops_per_prediction": fl, "gflops_per_s": pps * fl / 1e9,
                     "size_mb": model_size_mb(model), "params": count_parameters(model),
                     "matmul_gflops": peak, "frac_matmul_peak": pps * fl / 1e9 / peak, "loadavg": load,
                 })
+                if sess is not None:
+                    rows[-1]["onnx_programs_per_s"] = onnx_pps
         if naive:
             kind, config, model = model_for("mamba-kb", F, params_path)
             model.set_scan_method("ref")
@@ -199,6 +223,8 @@ def format_table(rows: list[dict]) -> str:
             ("FLOPs/pred", "flops_per_prediction", ".3g"), ("GFLOP/s", "gflops_per_s", ".2f"),
             ("% matmul", "frac_matmul_peak", ".1%"), ("size MB", "size_mb", ".3f"),
             ("vs naive", "speedup_vs_naive", ".1f")]
+    if any("onnx_programs_per_s" in r for r in rows):
+        cols.insert(3, ("onnx programs/s", "onnx_programs_per_s", ",.0f"))
     table = [[h for h, _, _ in cols]]
     for r in rows:
         cells = []

@@ -13,6 +13,7 @@ shape), after one untimed warm-up batch:
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -138,7 +139,8 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
         else:
             r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads)
         rows.append({"model": name, "kind": kind, "n_samples": len(data),
-                     "shape": list(data.x.shape[1:]), **r})
+                     "shape": list(data.x.shape[1:]), "threads": threads, **r,
+                     "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
     return rows
 
 
@@ -150,6 +152,7 @@ def format_table(rows: list[dict]) -> str:
         size = f"{r['size_mb']:.2f}" if r.get("size_mb") is not None else "-"
         lines.append(f"{r['model']:10s} {r['samples_per_s']:11.0f} {r['seconds']:9.2f} {params:>10s} {size:>7s}")
     if rows:
-        lines.append(f"({rows[0]['n_samples']} programs of shape {tuple(rows[0]['shape'])}; "
+        lines.append(f"({rows[0]['n_samples']} programs of shape {tuple(rows[0]['shape'])}, "
+                     f"{rows[0]['threads']} threads, load average {max(r['loadavg'] for r in rows):.2f}; "
                      "xgb: one full fit of n_estimators rounds, nets: one epoch)")
     return "\n".join(lines)

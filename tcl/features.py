@@ -107,8 +107,8 @@ class Featurizer:
                     a = float(number)
                 except ValueError:
                     continue
-            elif k >= N_NUMERIC:
-                continue
+            elif a.__class__ not in (int, float) or k >= N_NUMERIC:
+                continue  # None (an absent optional attribute) carries no number
             row[self.num_offset + k] = np.sign(a) * np.log2(1.0 + abs(a))
             k += 1
         self._rows[key] = len(self._table)

@@ -278,9 +278,15 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 run_id = created_run.info.run_id
             tags["run_id"] = run_id
             try:
+                # the logged model lives in the run's experiment (log_model alone would put it
+                # in the active experiment, i.e. Default, whatever run it is linked to)
+                logged = mlflow.initialize_logged_model(
+                    name="kb", source_run_id=run_id, tags={"family": family},
+                    experiment_id=client.get_run(run_id).info.experiment_id)
                 info = mlflow.onnx.log_model(
                     model_proto,
                     name="kb",
+                    model_id=logged.model_id,
                     run_id=run_id,
                     pip_requirements=PIP_REQUIREMENTS,
                     onnx_execution_providers=["CPUExecutionProvider"],
@@ -288,7 +294,6 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                     extra_files=[str(ckpt_copy)],
                     signature=_signature(int(meta["n_features"])),
                     metadata={"family": family, "feature_version": tags["feature_version"]},
-                    tags={"family": family},
                 )
                 mv = mlflow.register_model(info.model_uri, name, tags=tags)
                 client.set_registered_model_alias(name, alias_new(), mv.version)

@@ -23,12 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import re
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -166,6 +165,22 @@ def validate(model, sets: Sequence, batch_size: int = 4096) -> dict:
     return out
 
 
+def check_finite_features(sets: Sequence, chunk: int = 8192) -> None:
+    """Raise ValueError if any feature value is NaN/inf: a net would output NaN for the program and
+    every batch holding it would be skipped, so training would silently learn nothing."""
+    for fs in sets:
+        bad_rows, bad_cols = 0, set()
+        for a in range(0, len(fs), chunk):
+            bad = ~np.isfinite(np.asarray(fs.x[a:a + chunk]))
+            if bad.any():
+                bad_rows += int(bad.any(axis=(1, 2)).sum())
+                bad_cols.update(np.unique(np.nonzero(bad)[2]).tolist())
+        if bad_rows:
+            raise ValueError(f"FeatureSet of platform {fs.platform!r}: {bad_rows} of {len(fs)} programs have "
+                             f"non-finite feature values (feature columns {sorted(bad_cols)}); "
+                             f"fix the featurizer output (tcl featurize) before training")
+
+
 def _feature_meta(sets: Sequence) -> dict:
     meta = dict(getattr(sets[0], "meta", {}) or {})
     meta["platforms"] = [fs.platform for fs in sets]
@@ -180,6 +195,21 @@ def _fingerprint(kind, config, params, sets) -> str:
         "data": [(fs.platform, len(fs), list(fs.x.shape[1:]), float(np.nansum(fs.y))) for fs in sets],
     }
     return hashlib.sha1(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def saved_fingerprint(out_dir) -> str | None:
+    """The job fingerprint of `out_dir`'s resume state, or None when there is none."""
+    path = Path(out_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    import torch
+
+    return str(torch.load(path, map_location="cpu", weights_only=True)["fingerprint"])
+
+
+def job_fingerprint(kind: str, train_fs, config: dict, train_params: dict) -> str:
+    """The fingerprint `train_model` would record for this job (compare with `saved_fingerprint`)."""
+    return _fingerprint(kind, config, {**DEFAULT_TRAIN, **(train_params or {})}, as_list(train_fs))
 
 
 def _emit(run, epoch: int, metrics: dict) -> None:
@@ -230,6 +260,7 @@ def train_model(kind: str, train_fs, valid_fs, config: dict, train_params: dict,
     n_features = int(train_sets[0].x.shape[2])
     if any(int(fs.x.shape[2]) != n_features for fs in train_sets + valid_sets):
         raise ValueError("all FeatureSets must have the same number of features")
+    check_finite_features(train_sets + valid_sets)
     seed, bs = int(p["seed"]), int(p["batch_size"])
     loss_fn = get_loss(p["loss"])
     fingerprint = _fingerprint(kind, config, p, train_sets)
@@ -294,6 +325,8 @@ def train_model(kind: str, train_fs, valid_fs, config: dict, train_params: dict,
             bar.set_postfix(loss=f"{total_loss / max(n_seen, 1):.4g}")
         bar.close()
         seconds = time.perf_counter() - t0
+        if n_seen == 0:
+            raise RuntimeError(f"epoch {epoch}: every batch had a non-finite loss; nothing was learned")
 
         # validation + early stopping bookkeeping
         record = {"epoch": epoch, "train_loss": total_loss / max(n_seen, 1), "lr": lr_at(max(step - 1, 0), steps_per_epoch, p),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import numpy as np
@@ -111,10 +112,42 @@ def test_onnx_matches_pytorch(kb):
         got, ref = pred.predict(x, mask), torch_scores(model, x, mask)
         assert got.shape == (n,) and got.dtype == np.float32
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
-    # chunking changes nothing; empty input gives empty output
+    # chunks, blocks, parallel sessions and modes change nothing; empty input, empty output
     x, mask = real_shaped(1000, seed=5)
-    np.testing.assert_array_equal(pred.predict(x, mask, chunk=7), pred.predict(x, mask))
+    ref = torch_scores(model, x, mask)
+    base = pred.predict(x, mask)
+    np.testing.assert_allclose(base, ref, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(pred.predict(x, mask, chunk=7), base, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(pred.predict(x, mask, chunk=300, block=64), base, rtol=0, atol=1e-6)
+    for mode, threads in (("blocks", 3), ("intra", 2), ("blocks", 1)):
+        p = load_predictor(path, threads=threads, mode=mode, block=50)
+        np.testing.assert_allclose(p.predict(x, mask), base, rtol=0, atol=1e-6)
+        p.close()
     assert pred.predict(x[:0], mask[:0]).shape == (0,)
+
+
+def test_softplus_rewrite_is_exact():
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from tcl.export import rewrite_softplus
+
+    g = helper.make_graph([helper.make_node("Softplus", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    assert rewrite_softplus(m) == 1
+    assert "Softplus" not in {n.op_type for n in m.graph.node}
+    x = np.concatenate([np.linspace(-100, 100, 200001), [-np.inf, np.inf, 0.0, 1e-30, -1e-30]])
+    x = x.astype(np.float32)
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    ref = np.logaddexp(0.0, x.astype(np.float64))
+    normal = np.isfinite(ref) & (ref >= np.finfo(np.float32).tiny)  # float32 normal range
+    assert np.max(np.abs(y[normal] - ref[normal]) / ref[normal]) < 1e-6
+    assert np.max(np.abs(y[~normal & np.isfinite(ref)] - ref[~normal & np.isfinite(ref)])) < 1e-37
+    assert y[-5] == 0.0 and y[-4] == np.inf
 
 
 def test_export_failure_leaves_target_untouched(tmp_path):
@@ -135,6 +168,11 @@ def test_predict_refuses_wrong_shapes(kb):
         pred.predict(x[:, :, :-1], mask)
     with pytest.raises(ModelMismatchError, match="mask"):
         pred.predict(x, mask[:, :-1])
+    bad = x.copy()
+    bad[2, 0, 5] = np.nan
+    with pytest.raises(ModelMismatchError, match=r"non-finite feature values in 1 programs "
+                                                  r"\(first row 2, feature columns \[5\]\)"):
+        pred.predict(bad, mask)
     with pytest.raises(ModelMismatchError, match="exceed"):
         pred.predict(np.concatenate([x, x], 1), np.concatenate([mask, mask], 1))
 
@@ -168,22 +206,26 @@ def test_feature_checks_refuse_mismatches(kb):
     pred.check_features(feature_meta(), "no-such-platform", family="amd-zen4-avx512")
 
 
+def featureset(platform, version="test-fv1", n=40, seed=7):
+    from tcl.features import FeatureSet
+
+    x, mask = real_shaped(n, seed=seed)
+    return FeatureSet(
+        x=x, mask=mask, y=np.ones(n, np.float32), latency=np.ones(n),
+        task=np.repeat(np.arange(4, dtype=np.int32), n // 4),
+        program_id=np.array([f"p{i}" for i in range(n)]),
+        tasks=[f"t{i}" for i in range(4)], task_desc=[f"t{i}" for i in range(4)],
+        task_weight=np.ones(4), task_networks=[["net"]] * 4, platform=platform,
+        meta=feature_meta(version))
+
+
 def test_predict_features_on_a_featureset(kb):
-    features = pytest.importorskip("tcl.features")
     _, path, model = kb
     pred = load_predictor(path)
     x, mask = real_shaped(40, seed=7)
     own = _platforms_by_family()["amd-zen4-avx512"]
     other = next(p for f, p in _platforms_by_family().items() if f != "amd-zen4-avx512")
-
-    def fs_for(platform, version="test-fv1"):
-        return features.FeatureSet(
-            x=x, mask=mask, y=np.ones(40, np.float32), latency=np.ones(40),
-            task=np.repeat(np.arange(4, dtype=np.int32), 10),
-            program_id=np.array([f"p{i}" for i in range(40)]),
-            tasks=[f"t{i}" for i in range(4)], task_desc=[f"t{i}" for i in range(4)],
-            task_weight=np.ones(4), task_networks=[["net"]] * 4, platform=platform,
-            meta=feature_meta(version))
+    fs_for = featureset
 
     np.testing.assert_allclose(pred.predict_features(fs_for(own)), torch_scores(model, x, mask),
                                atol=1e-5, rtol=0)
@@ -264,6 +306,23 @@ def test_cli_export_and_predict(kb, tmp_path):
     res = CliRunner().invoke(main, ["export", str(ckpt), "--family", "bad/fam", "--out",
                                     str(tmp_path / "x.onnx")])
     assert res.exit_code == 2 and "invalid hardware family" in res.output
+
+    by_family = _platforms_by_family()
+    fs = featureset(by_family["amd-zen4-avx512"], n=48, seed=11)
+    fs.save(tmp_path / "fs.npz")
+    res = CliRunner().invoke(main, ["predict", "--model", str(out), str(tmp_path / "fs.npz"),
+                                    "--json", "--out", str(tmp_path / "scores.npy")])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    ref = torch_scores(model, fs.x, fs.mask)
+    np.testing.assert_allclose(got["scores"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "scores.npy"), ref, atol=1e-5, rtol=0)
+    best0 = int(np.argmax(ref[:12]))
+    assert got["top1_per_task"]["t0"]["index"] == best0
+    other = next(p for f, p in by_family.items() if f != "amd-zen4-avx512")
+    featureset(other, n=8).save(tmp_path / "other.npz")
+    res = CliRunner().invoke(main, ["predict", "--model", str(out), str(tmp_path / "other.npz")])
+    assert res.exit_code == 2 and "family mismatch" in res.output and "Traceback" not in res.output
 
 
 def test_bench_serving_reports_both_engines(kb):

@@ -49,7 +49,8 @@ def _loop_recurrence(u, delta, A, B, C):
     out = torch.zeros(batch, E, L, dtype=torch.float64)
     for t in range(L):
         for e in range(E):
-            h[:, e] = torch.exp(delta[:, e, t, None] * A[e]) * h[:, e] + delta[:, e, t, None] * B[:, :, t] * u[:, e, t, None]
+            decay = torch.exp(delta[:, e, t, None] * A[e])
+            h[:, e] = decay * h[:, e] + delta[:, e, t, None] * B[:, :, t] * u[:, e, t, None]
             out[:, e, t] = (h[:, e] * C[:, :, t]).sum(-1)
     return out
 

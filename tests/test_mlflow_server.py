@@ -34,9 +34,11 @@ def _full_mlflow() -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(not _full_mlflow(),
-                                reason="full mlflow (server) not installed: pip install "
-                                       "mlflow==3.17.2 (extra 'ui')")
+pytestmark = [
+    pytest.mark.skipif(not _full_mlflow(), reason="full mlflow (server) not installed: "
+                                                  "pip install mlflow==3.17.2 (extra 'ui')"),
+    pytest.mark.slow,  # the server takes ~15 s to start on 2 busy cores
+]
 
 
 def _free_port() -> int:

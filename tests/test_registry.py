@@ -108,8 +108,14 @@ def test_register_tags_alias_and_artifacts(store, kb, tmp_path):
     files = {p.name for p in local.rglob("*") if p.is_file()}
     assert "model.onnx" in files and "checkpoint.pt" in files
     assert registry.file_sha256(next(local.rglob("checkpoint.pt"))) == tags["checkpoint_sha256"]
-    # the logged model is linked to the training run
-    assert mlflow.MlflowClient().get_model_version("tcl-kb-testfam", "1").run_id == run_id
+    # the logged model is linked to the training run and lives in the run's experiment
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version("tcl-kb-testfam", "1")
+    assert mv.run_id == run_id
+    logged = client.get_logged_model(mv.source.rsplit("/", 1)[-1])
+    assert logged.source_run_id == run_id
+    assert logged.experiment_id == client.get_run(run_id).info.experiment_id
+    assert str(logged.status) in ("READY", "LoggedModelStatus.READY")
 
 
 def test_reregister_is_idempotent(store, kb):
@@ -215,12 +221,15 @@ def test_cli_register_promote_list(store, kb, tmp_path):
     runner = CliRunner()
     args = ["register", str(kb[0]), "--family", "testfam", "--platforms", "p-a,p-b",
             "--eval-metrics", str(metrics), "--onnx", str(kb[1]), "--run-id", new_run(),
-            "--data-hash", "D9", "--eval-data", str(evald), "--json"]
+            "--data-hash", "D9", "--eval-data", str(evald), "--json",
+            "--out", str(tmp_path / "registered.json")]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["version"] == 1 and out["tags"]["eval_data_hash"] == tracking.data_hash(evald)
-    assert runner.invoke(main, args).exit_code == 0
+    assert json.loads((tmp_path / "registered.json").read_text())["version"] == 1
+    res = runner.invoke(main, args)  # same checkpoint, same run: the same version
+    assert res.exit_code == 0 and json.loads(res.stdout)["version"] == 1
     res = runner.invoke(main, ["promote", "testfam", "1"])
     assert res.exit_code == 0 and "promoted tcl-kb-testfam version 1" in res.output
     res = runner.invoke(main, ["models", "list", "--json"])

@@ -117,6 +117,26 @@ def test_batches_never_mix_platforms_and_cover_each_row_once():
     assert max(len(np.unique(a.task[idx])) for _, idx in batches) <= 3
 
 
+def test_non_finite_features_are_refused(tmp_path):
+    from tcl.training import train_model
+
+    fs = make_fs(seed=0)
+    fs.x[5, 0, 2] = np.nan
+    with pytest.raises(ValueError, match=r"1 of 288 programs .* columns \[2\]"):
+        train_model("mlp", fs, None, MLP, TRAIN, tmp_path)
+
+
+def test_training_on_two_platforms_reports_each(tmp_path):
+    from tcl.training import train_model
+
+    train = [make_fs(seed=0, platform="p1"), make_fs(seed=2, n_tasks=8, platform="p2")]
+    valid = [make_fs(seed=1, n_tasks=4, platform="p1"), make_fs(seed=3, n_tasks=4, platform="p2")]
+    _, history = train_model("mlp", train, valid, MLP, {**TRAIN, "epochs": 1}, tmp_path)
+    h = history[0]
+    assert h["valid_top1"] == pytest.approx((h["valid_p1_top1"] + h["valid_p2_top1"]) / 2)
+    assert h["train_samples_per_s"] > 0
+
+
 def test_lr_schedule():
     from tcl.training import lr_at
 
@@ -184,6 +204,15 @@ def test_cli_train_logs_mlflow_run_and_evaluate_json(tmp_path, monkeypatch):
     artifacts = [f.path for f in client.list_artifacts(run.info.run_id, "checkpoint")]
     assert "checkpoint/model.pt" in artifacts
 
+    # the same command again resumes the finished job into the same MLflow run; another job is refused
+    args = ["train", "--model", "mlp", "--data", str(train_path), "--valid", str(valid_path),
+            "--params", str(params_path), "--out", str(out), "--json"]
+    again = runner.invoke(main, args)
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output.strip().splitlines()[-1])["run_id"] == summary["run_id"]
+    other = runner.invoke(main, args + ["--train-set", "epochs=3"])
+    assert other.exit_code != 0 and "different training job" in other.output
+
     for ref in (str(out), f"runs:/{run.info.run_id}/checkpoint/model.pt"):
         res = runner.invoke(main, ["evaluate", "--model", ref, "--data", str(valid_path), "--json"])
         assert res.exit_code == 0, res.output
@@ -239,3 +268,14 @@ def test_evaluate_resolves_registered_model_uri(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     metrics = json.loads(res.output.strip().splitlines()[-1])
     assert metrics["kind"] == "mlp" and metrics["top1"] == pytest.approx(summary["best_valid_top1"])
+
+
+def test_bench_train_times_each_model():
+    from tcl.bench_train import bench_train, format_table
+
+    rows = bench_train(["mlp", "xgb"], n_samples=128, n_features=F,
+                       params={"models": {"mlp": MLP, "xgb": {"n_estimators": 4, "max_depth": 3}},
+                               "featurize": {"max_len": L}})
+    assert [r["model"] for r in rows] == ["mlp", "xgb"]
+    assert all(r["samples_per_s"] > 0 and r["n_samples"] == 128 for r in rows)
+    assert "mlp" in format_table(rows)

@@ -95,10 +95,12 @@ def export(checkpoint, family, out, source_run, opset):
 @click.option("--eval-data", "eval_data", multiple=True, type=click.Path(exists=True),
               help="held-out evaluation data (repeatable); hashed for promotion gating")
 @click.option("--eval-data-hash", default=None, help="eval-data hash, instead of --eval-data")
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="also write the version's info as JSON here (a DVC stage output)")
 @click.option("--json", "as_json", is_flag=True)
 @_registry_errors
 def register(checkpoint, family, platforms, eval_metrics, onnx_path, run_id, data, data_hash,
-             eval_data, eval_data_hash, as_json):
+             eval_data, eval_data_hash, out, as_json):
     """Register CHECKPOINT as a new version of tcl-kb-FAMILY (alias `candidate`).
 
     Re-registering the same checkpoint returns the existing version. The data hashes default to
@@ -121,6 +123,10 @@ def register(checkpoint, family, platforms, eval_metrics, onnx_path, run_id, dat
                                    run_id or _run_id_near(checkpoint), metrics, eval_data_hash,
                                    data_hash, onnx_path=onnx_path)
     info = registry.show(family, version)
+    if out:
+        from tcl.io import atomic_write_text
+
+        atomic_write_text(out, registry.dumps(info) + "\n")
     if as_json:
         click.echo(registry.dumps(info))
     else:
@@ -265,8 +271,7 @@ def predict(features, model_ref, family, out, chunk, as_json):
                                "scores": [float(s) for s in scores], "top1_per_task": picks},
                               indent=2))
         return
-    ver = f" version {pred.version}" if pred.version is not None else ""
-    click.echo(f"{pred!r}{ver}: scored {len(scores)} programs of {len(fs.tasks)} tasks "
+    click.echo(f"{pred!r}: scored {len(scores)} programs of {len(fs.tasks)} tasks "
                f"({fs.platform})")
     for name, p in list(picks.items())[:20]:
         click.echo(f"  {name[:60]:<60} best #{p['index']} score {p['score']:.4f}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import click
@@ -142,8 +141,10 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from tcl import tracking
     from tcl.io import atomic_write_json
-    from tcl.training import DEFAULT_TRAIN, STATE_FILE, train_model
+    from tcl.training import DEFAULT_TRAIN, STATE_FILE, job_fingerprint, saved_fingerprint, train_model
 
+    if kind == "mamba":
+        preset = preset or "kb"
     params = read_params(params_path)
     config = {**model_config(kind, preset, params), **overrides}
     train_params = {**DEFAULT_TRAIN, **(params.get("train") or {}), **train_overrides}
@@ -171,10 +172,17 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
     tracking.ensure_store()
     import mlflow
 
+    # an interrupted job in `out` resumes (training state and MLflow run); a different job is refused
     run_file = out_dir / RUN_FILE
     resume_id = None
-    if (out_dir / STATE_FILE).exists() and run_file.is_file():
-        resume_id = json.loads(run_file.read_text()).get("run_id")
+    saved = saved_fingerprint(out_dir)
+    if saved is not None:
+        if saved != job_fingerprint(kind, train_sets, config, train_params):
+            raise click.ClickException(f"{out_dir} holds the state of a different training job "
+                                       f"(other data, model or params); use another --out or delete "
+                                       f"{out_dir / STATE_FILE}")
+        if run_file.is_file():
+            resume_id = json.loads(run_file.read_text()).get("run_id")
     if resume_id:
         ctx = mlflow.start_run(run_id=resume_id, tags=tags)
     else:
@@ -317,15 +325,23 @@ def bench_train_cmd(names, data, samples, params_path, as_json):
         click.echo(json.dumps(_clean(rows)))
 
 
-@bench.command("predict", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@bench.command("predict")
+@click.option("--models", "names", default="mamba-kb,mamba-ac,mlp,tlp", show_default=True,
+              help="Comma-separated: mamba-kb, mamba-ac, mlp, tlp.")
+@click.option("--batch-sizes", default="1,64,1024", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--seq-len", default=48, show_default=True, help="Steps per program (L).")
+@click.option("--seconds", default=2.0, show_default=True, help="Timing window per measurement.")
+@click.option("--threads", default=2, show_default=True, help="torch threads.")
+@click.option("--naive/--no-naive", default=True, show_default=True,
+              help="Also time the naive (reference) Mamba scan as a baseline.")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
-@click.option("--set", "kwargs", multiple=True, metavar="KEY=VALUE",
-              help="Keyword argument for tcl.bench_predict.bench_predict (e.g. batch_size=4096).")
-def bench_predict_cmd(as_json, kwargs):
-    """Prediction throughput of each model (torch, ONNX) — see tcl.bench_predict."""
+def bench_predict_cmd(names, batch_sizes, seq_len, seconds, threads, naive, params_path, as_json):
+    """Prediction programs/s of each model per batch size (tcl.bench_predict)."""
     from tcl.bench_predict import bench_predict, format_table
 
-    rows = bench_predict(**parse_overrides(kwargs))
+    rows = bench_predict(kinds=names, batch_sizes=batch_sizes, seq_len=seq_len, seconds=seconds,
+                         threads=threads, naive=naive, params_path=params_path)
     click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(_clean(rows)))

@@ -97,8 +97,14 @@ def program_id(trace_json) -> str:
 
 
 def to_python(obj):
-    """TVM FFI containers/immediates (as `Trace.as_json()` returns them) -> plain JSON values."""
-    if isinstance(obj, (bool, int, float, str)) or obj is None:
+    """TVM FFI containers/immediates (as `Trace.as_json()` returns them) -> plain JSON values.
+
+    Booleans become 0/1: that is how the database file stores them, and a program's id must be
+    the same before and after the database round trip (resuming depends on it).
+    """
+    if isinstance(obj, bool):
+        return int(obj)
+    if isinstance(obj, (int, float, str)) or obj is None:
         return obj
     if hasattr(obj, "value") and not isinstance(obj, (list, tuple)):
         return obj.value

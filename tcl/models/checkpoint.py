@@ -15,7 +15,6 @@ tensors strictly.  Writes are atomic (temp file + rename, ``tcl.io.atomic_path``
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any

@@ -3,7 +3,7 @@
 ``Mamba`` has exactly the parameters of ``mamba_ssm.modules.mamba_simple.Mamba`` (same names,
 shapes and official initialisation), so a ``state_dict`` loads strictly in both directions.
 
-Three selective-scan implementations compute the same recurrence
+Selective-scan implementations of the same recurrence
 
     h_t = exp(delta_t * A) * h_{t-1} + delta_t * B_t * u_t,     y_t = C_t . h_t + D * u_t
 
@@ -11,11 +11,20 @@ Three selective-scan implementations compute the same recurrence
   (B, E, L, N)); slow, used as the reference in tests and as the "naive" benchmark baseline.
 * ``scan_sequential_tm`` -- the CPU path for training and inference.  Time-major layout
   (L, B, ...), the state kept as (B, N, E) so every element-wise op runs over a contiguous
-  inner dimension of size E, one time step at a time (no (B, L, E, N) tensor), ``exp2`` instead
-  of ``exp`` (about 3x cheaper on AVX-512) and in-place updates when no gradient is needed.
-* ``scan_parallel_tm`` -- a fixed-step doubling (Hillis-Steele) scan of the linear recurrence
-  with ``ceil(log2(max_len))`` steps.  It has no data-dependent control flow, so it exports to
-  ONNX with a dynamic batch *and* sequence length (valid for any L <= max_len).
+  inner dimension of size E, one time step at a time, in place (no (B, L, E, N) tensor), and
+  ``exp2`` instead of ``exp`` (about 3x cheaper on AVX-512).  Training goes through
+  ``_SelectiveScanFn``: a hand-written backward that recomputes states from sqrt(L)
+  checkpoints (exact; memory O(sqrt(L) B N E)).
+* ``scan_unrolled_tm`` -- export form for short programs: pad to ``max_len`` steps, unrolled
+  recurrence, crop back.  Dynamic batch and length (any L <= max_len), per-step tensors only.
+* ``scan_parallel_tm`` -- export form for long programs: a fixed-step doubling (Hillis-Steele)
+  scan of the linear recurrence with ``ceil(log2(max_len))`` steps, valid for any
+  L <= max_len, no data-dependent control flow.
+
+While ``torch.onnx`` exports, the block picks ``unrolled`` when its export length bound is
+<= ``UNROLL_MAX`` (128), else ``parallel``; both export with dynamic batch and sequence axes.
+The bound is the block's ``max_len``, or when that is None (the default) the sequence length
+the export traces with -- so trace at the featurizer's max_len (``tcl.export`` does).
 
 On CUDA, when ``mamba_ssm`` (and optionally ``causal_conv1d``) is importable, the block
 dispatches to the official kernels; ``mamba_ssm`` stays an optional dependency.
@@ -376,9 +385,11 @@ class Mamba(nn.Module):
 
     ``forward(x)`` takes (batch, L, d_model) like the upstream module; ``time_major=True`` takes
     and returns (L, batch, d_model), the layout the CPU fast path computes in.
-    ``scan_method``: ``auto`` (CUDA kernels when available on CUDA tensors, the parallel scan
-    while exporting, else ``fast``), or force ``fast`` | ``parallel`` | ``ref`` | ``cuda``.
-    ``max_len`` bounds the sequence length of the parallel (ONNX) scan.
+    ``scan_method``: ``auto`` (CUDA kernels when available on CUDA tensors; ``unrolled`` or
+    ``parallel`` while exporting, by ``max_len``; else ``fast``), or force ``fast`` |
+    ``parallel`` | ``unrolled`` | ``ref`` | ``cuda``.
+    ``max_len`` bounds the sequence length of the export forms (and picks between them);
+    None: the length traced at export.  Eager paths (``fast``, ``ref``) have no bound.
     """
 
     def __init__(
@@ -399,7 +410,7 @@ class Mamba(nn.Module):
         device=None,
         dtype=None,
         scan_method: str = "auto",
-        max_len: int = 1024,
+        max_len: Optional[int] = None,
     ) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
@@ -413,7 +424,7 @@ class Mamba(nn.Module):
         if scan_method not in SCAN_METHODS:
             raise ValueError(f"scan_method must be one of {SCAN_METHODS}")
         self.scan_method = scan_method
-        self.max_len = int(max_len)
+        self.max_len = None if max_len is None else int(max_len)
 
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias, **factory)
         self.conv1d = nn.Conv1d(
@@ -457,33 +468,57 @@ class Mamba(nn.Module):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _method(self, x: torch.Tensor) -> str:
+    def _method(self, x: torch.Tensor, time_major: bool) -> str:
         m = self.scan_method
         if m != "auto":
             return m
         if _exporting():
-            return "unrolled" if self.max_len <= UNROLL_MAX else "parallel"
+            L = x.shape[0] if time_major else x.shape[1]
+            return "unrolled" if self._export_len(L) <= UNROLL_MAX else "parallel"
         if x.is_cuda and _load_cuda_kernels()[0] is not None:
             return "cuda"
         return "fast"
 
+    def _export_len(self, traced_len) -> int:
+        """Length bound of the export forms: max_len, else the traced length (a plain int under
+        the TorchScript exporter), else 1024 (symbolic length under torch.export)."""
+        if self.max_len is not None:
+            return self.max_len
+        if isinstance(traced_len, torch.SymInt):
+            return 1024
+        return max(1, int(traced_len))  # an int, or a 0-dim tensor under the TorchScript tracer
+
     def _conv_tm(self, x: torch.Tensor) -> torch.Tensor:
         """Causal depthwise conv along dim 0 of (L, b, E): K shifted multiply-adds."""
-        w = self.conv1d.weight[:, 0, :]  # (E, K)
-        K = w.shape[1]
+        # (K, E) contiguous taps: a strided (E,) operand would drop the ops to a scalar loop (~4x slower)
+        w = self.conv1d.weight[:, 0, :].t().contiguous()
+        K = w.shape[0]
         L = x.shape[0]
         if self.conv1d.bias is not None:
-            out = torch.addcmul(self.conv1d.bias, x, w[:, K - 1])
+            out = torch.addcmul(self.conv1d.bias, x, w[K - 1])
         else:
-            out = x * w[:, K - 1]
+            out = x * w[K - 1]
         for j in range(1, min(K, L)):
-            out[j:].addcmul_(x[: L - j], w[:, K - 1 - j])
+            out[j:].addcmul_(x[: L - j], w[K - 1 - j])
+        return out
+
+    def _conv_tm_export(self, x: torch.Tensor) -> torch.Tensor:
+        """The causal conv for export: pad K-1 steps in front, K shifted slices (no Conv op and
+        no transposes in the graph; the slices follow the dynamic length)."""
+        w = self.conv1d.weight[:, 0, :].t()  # (K, E)
+        K, L = w.shape[0], x.shape[0]
+        xp = F.pad(x, [0, 0, 0, 0, K - 1, 0])
+        out = xp[K - 1:] * w[K - 1]
+        if self.conv1d.bias is not None:
+            out = out + self.conv1d.bias
+        for k in range(K - 1):
+            out = out + xp[k:k + L] * w[k]
         return out
 
     # -- forward --------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor, time_major: bool = False) -> torch.Tensor:
-        method = self._method(x)
+        method = self._method(x, time_major)
         if method == "cuda":
             xb = x.transpose(0, 1) if time_major else x
             out = self._forward_cuda(xb)
@@ -503,24 +538,24 @@ class Mamba(nn.Module):
         b_in = self.in_proj.bias
         xi = F.linear(x, w_in[:E], None if b_in is None else b_in[:E])  # (L, b, E)
         z = F.linear(x, w_in[E:], None if b_in is None else b_in[E:])
-        if method in ("parallel", "unrolled"):  # export-friendly: Conv1d op on (b, E, L)
-            xc = self.conv1d(xi.permute(1, 2, 0))[..., : xi.shape[0]].permute(2, 0, 1)
-        else:
-            xc = self._conv_tm(xi)
+        export = method in ("parallel", "unrolled")
+        xc = self._conv_tm_export(xi) if export else self._conv_tm(xi)
         xc = F.silu(xc)
         x_dbl = self.x_proj(xc)  # (L, b, R + 2N)
         dt, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
-        delta = F.softplus(self.dt_proj(dt))  # (L, b, E)
+        delta = self.dt_proj(dt)  # (L, b, E)
+        # onnxruntime's Softplus kernel is ~10x slower than this equivalent (|error| < 1e-7)
+        delta = F.relu(delta) + torch.log1p(torch.exp(-delta.abs())) if export else F.softplus(delta)
         A = -torch.exp(self.A_log.float())
         if method == "parallel":
-            y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self.max_len)
+            y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "unrolled":
-            y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self.max_len)
+            y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:
             raise ValueError(f"unknown scan method {method!r}")
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or export:
             y = torch.addcmul(y, xc, self.D) * F.silu(z)
         else:  # inference: reuse the buffers
             y = y.addcmul_(xc, self.D).mul_(F.silu(z, inplace=True))

@@ -11,7 +11,6 @@ FLOP count (2 x multiply-adds; element-wise products count 1) of one program's f
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -41,16 +40,16 @@ KINDS = ("mamba", "mlp", "tlp")
 
 DEFAULTS: dict[str, dict] = {
     "mamba": {"d_model": 64, "n_layers": 1, "d_state": 8, "expand": 1, "d_conv": 4,
-              "norm": "rms", "head_hidden": None, "dropout": 0.0, "max_len": 1024,
-              "block_rows": 256},
+              "norm": "rms", "head_hidden": None, "dropout": 0.0, "max_len": None,
+              "block_rows": None},
     "mlp": {"hidden": 256, "n_layers": 3, "dropout": 0.0},
     "tlp": {"d_model": 128, "n_heads": 4, "n_layers": 2, "ff_mult": 2, "dropout": 0.0,
-            "max_len": 1024},
+            "max_len": 256},
 }
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm (written out so it exports to any ONNX opset)."""
+    """Root-mean-square norm (torch's fused kernel in eager, written out for ONNX export)."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -58,7 +57,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        if _exporting():  # opset 17 has no RMSNormalization: the written-out form
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # fused: ~10x faster on CPU
 
 
 def _norm(kind: str, dim: int) -> nn.Module:
@@ -92,19 +93,20 @@ class MambaCostModel(nn.Module):
 
     Internally time-major (L, B, d): one transpose of the input, contiguous per-step slices for
     the scan.  In CPU inference (no autograd) large batches run in blocks of ``block_rows``
-    programs so intermediates stay in cache (same results, row by row).
+    programs so intermediates stay in cache (same results, row by row); None: 128 per intra-op
+    thread (64..512), 0: no blocks.
     """
 
     kind = "mamba"
 
     def __init__(self, n_features: int, d_model: int = 64, n_layers: int = 1, d_state: int = 8,
                  expand: int = 1, d_conv: int = 4, norm: str = "rms", head_hidden: Optional[int] = None,
-                 dropout: float = 0.0, max_len: int = 1024, block_rows: int = 256,
+                 dropout: float = 0.0, max_len: Optional[int] = None, block_rows: Optional[int] = None,
                  dt_rank: int | str = "auto") -> None:
         super().__init__()
         self.n_features = n_features
         self.d_model = d_model
-        self.block_rows = int(block_rows)
+        self.block_rows = None if block_rows is None else int(block_rows)
         head_hidden = int(head_hidden or d_model)
         self.embed = nn.Linear(n_features, d_model)
         self.norms = nn.ModuleList([_norm(norm, d_model) for _ in range(n_layers)])
@@ -123,10 +125,12 @@ class MambaCostModel(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         bs = x.shape[0]
-        if (self.block_rows and bs > self.block_rows and not x.is_cuda and not _exporting()
+        rows = self.block_rows
+        if rows is None:
+            rows = min(512, max(64, 128 * torch.get_num_threads()))
+        if (rows and bs > rows and not x.is_cuda and not _exporting()
                 and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
-            return torch.cat([self._forward(x[i:i + self.block_rows], mask[i:i + self.block_rows])
-                              for i in range(0, bs, self.block_rows)])
+            return torch.cat([self._forward(x[i:i + rows], mask[i:i + rows]) for i in range(0, bs, rows)])
         return self._forward(x, mask)
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -228,7 +232,7 @@ class TLPCostModel(nn.Module):
     kind = "tlp"
 
     def __init__(self, n_features: int, d_model: int = 128, n_heads: int = 4, n_layers: int = 2,
-                 ff_mult: int = 2, dropout: float = 0.0, max_len: int = 1024) -> None:
+                 ff_mult: int = 2, dropout: float = 0.0, max_len: int = 256) -> None:
         super().__init__()
         self.n_features = n_features
         self.d_model = d_model
@@ -331,19 +335,20 @@ def flops_per_prediction(model: nn.Module, seq_len: int) -> int:
     return int(fn(int(seq_len)))
 
 
-def export_onnx(model: nn.Module, f, n_features: int, seq_len: int = 8, opset: int = 17,
+def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: int = 17,
                 dynamo: bool = False) -> None:
     """torch.onnx.export with inputs ``x``/``mask``, output ``score``, dynamic batch and length.
 
-    `f` is a path or a binary file object.  Mamba blocks switch to the parallel scan
-    automatically while exporting (valid for L <= their ``max_len``).
+    Traced at length `max_len`: Mamba blocks without their own ``max_len`` export a scan valid
+    for any L <= max_len (unrolled up to 128 steps, a doubling scan beyond); MLP/TLP graphs
+    take any length (TLP up to its position table).  `f` is a path or a binary file object.
     """
     import warnings
 
     model = model.eval()
-    x = torch.randn(2, seq_len, n_features)
-    mask = torch.ones(2, seq_len, dtype=torch.bool)
-    mask[1, seq_len // 2:] = False
+    x = torch.randn(2, max_len, n_features)
+    mask = torch.ones(2, max_len, dtype=torch.bool)
+    mask[1, max(1, max_len // 2):] = False
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if dynamo:

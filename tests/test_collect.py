@@ -1,0 +1,96 @@
+"""`tcl collect` measures real programs with TVM MetaSchedule, locally and through RPC."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tcl.records import Record
+from tcl.records.ingest import ingest
+from tcl.records.metaschedule import read_database
+
+from .conftest import run_tcl
+
+pytestmark = pytest.mark.slow
+
+
+def _records(db):
+    return [r for r in read_database(db, "znver4-avx512-t2") if isinstance(r, Record)]
+
+
+def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
+    db = tmp_path / "db"
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+                   "--trials", "4", "--min-repeat-ms", "1", "--json")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["measured"] == 4 and summary["present"] == 0
+    assert (db / "database_workload.json").exists() and (db / "tasks.json").exists()
+    settings = json.loads((db / "collect.json").read_text())
+    assert settings["target"]["mcpu"] == "znver4" and settings["threads"] == 2
+    records = _records(db)
+    assert len(records) == 4 and all(0 < r.latency < 1 for r in records)
+    assert len({json.dumps(r.steps) for r in records}) == 4  # distinct programs
+    assert records[0].task_id == "dense_64_64_64" and "dense" in records[0].task_desc
+    # the database is what the reader and ingest consume
+    report = ingest(db, "znver4-avx512-t2", tmp_path / "r.parquet")
+    assert report.records == 4 and report.tasks == 1
+
+    # resuming with more trials measures only the new programs; the first four are kept as they were
+    before = (db / "database_tuning_record.json").read_text().splitlines()
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+                   "--trials", "6", "--min-repeat-ms", "1", "--json")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["present"] == 4 and summary["measured"] == 2
+    after = (db / "database_tuning_record.json").read_text().splitlines()
+    assert after[:4] == before and len(after) == 6
+
+
+def test_collect_rejects_unknown_names(tmp_path):
+    proc = run_tcl("collect", "--platform", "nope", "--out", tmp_path, "--workload", "dense_64", "--trials", "1",
+                   check=False)
+    assert proc.returncode == 2 and "unknown platform 'nope'" in proc.stderr
+    proc = run_tcl("collect", "--platform", "t4", "--out", tmp_path, "--workload", "dense_64", "--trials", "1",
+                   check=False)
+    assert proc.returncode != 0 and "no TVM target" in proc.stderr
+    proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", tmp_path, "--workload", "nope",
+                   "--trials", "1", check=False)
+    assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_collect_through_an_rpc_tracker_and_server(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
+    server = None
+    try:
+        time.sleep(2)
+        sp = _free_port()
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker",
+                                   f"127.0.0.1:{port}", "--key", "tcl-test", "--host", "127.0.0.1",
+                                   "--port", str(sp), "--port-end", str(sp + 50), "--silent"], env=env)
+        time.sleep(3)
+        db = tmp_path / "rpc-db"
+        proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", db, "--workload", "dense_64",
+                       "--trials", "3", "--min-repeat-ms", "1", "--rpc-tracker", f"127.0.0.1:{port}",
+                       "--rpc-key", "tcl-test", "--json")
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["measured"] == 3 and summary["failed"] == {}, summary
+        settings = json.loads((db / "collect.json").read_text())
+        assert settings["rpc"] == {"tracker": f"127.0.0.1:{port}", "key": "tcl-test"}
+        assert len(_records(db)) == 3
+    finally:
+        for p in (server, tracker):
+            if p is not None:
+                p.terminate()
+                p.wait(10)

@@ -1,0 +1,67 @@
+"""Featurizer: shape, mask, content, labels, version; FeatureSet round trip."""
+
+import numpy as np
+import pytest
+
+from tcl.features import FEATURE_VERSION, Featurizer, FeatureSet, featurize_file, flatten_step, task_labels
+from tcl.records.ingest import ingest
+
+from .conftest import fixture_path
+
+
+def test_flatten_step():
+    assert flatten_step(["SP", 2, 0, 128, [2, 2, 2, 16], 1]) == ["SP", 2, 0, 128, 2, 2, 2, 16, 1]
+    assert flatten_step(["FFSP", 3, 0, [1, [0, 5]], 1]) == ["FFSP", 3, 0, 1, 0, 5, 1]
+
+
+def test_rows_encode_kind_numbers_and_strings():
+    f = Featurizer(max_len=4)
+    x, mask = f([[["SP", 2, 0, 128, [2, 16], 1], ["PR", 4, 0, "auto_unroll_max_step$16"]],
+                 [["GetLoops", "b0"], ["Annotate", 32, "meta_schedule.parallel"]]])
+    assert x.shape == (2, 4, f.n_features) and mask.tolist() == [[1, 1, 0, 0], [1, 0, 0, 0]]
+    sp = x[0, 0]
+    assert sp[f.kind_index["SP"]] == 1 and sp[: f.num_offset].sum() == 1
+    np.testing.assert_allclose(sp[f.num_offset:f.num_offset + 6], np.log2(1 + np.array([2, 0, 128, 2, 16, 1])), rtol=1e-6)
+    pr = x[0, 1]
+    assert pr[f.string_index["auto_unroll_max_step"]] == 1
+    assert pr[f.num_offset + 2] == pytest.approx(np.log2(17))  # the 16 after '$' is a number
+    # GetLoops is a query with no decision: dropped, the Annotate becomes step 0
+    ann = x[1, 0]
+    assert ann[f.kind_index["Annotate"]] == 1 and ann[f.string_index["meta_schedule.parallel"]] == 1
+    assert not x[~mask].any()  # padding is zero
+
+
+def test_crop_to_max_len():
+    f = Featurizer(max_len=3)
+    x, mask = f([[["CA", 1, 2, 3]] * 10])
+    assert mask.sum() == 3 and x.shape == (1, 3, f.n_features)
+
+
+def test_labels_are_per_task_normalised_throughput():
+    task = np.array([0, 0, 1, 1, 1])
+    latency = np.array([2.0, 1.0, 4.0, 8.0, np.inf])
+    y = task_labels(task, latency)
+    np.testing.assert_allclose(y, [0.5, 1.0, 1.0, 0.5, 0.0])
+
+
+def test_featurize_real_fixtures_and_round_trip(tmp_path):
+    for name, src, platform in [("t4", fixture_path("ansor/tlcbench-t4-bert-early.json"), "t4"),
+                                ("ms", fixture_path("metaschedule"), "znver4-avx512-t2")]:
+        ingest(src, platform, tmp_path / f"{name}.parquet")
+        fs = featurize_file(tmp_path / f"{name}.parquet", tmp_path / f"{name}.npz", max_len=40)
+        assert fs.x.shape[1:] == (40, fs.meta["n_features"]) and fs.x.dtype == np.float32
+        assert fs.meta["feature_version"] == FEATURE_VERSION and fs.meta["vocab_hash"]
+        assert (fs.y > 0).all() and (fs.y <= 1).all()
+        for t in range(len(fs.tasks)):  # the best program of every task has label 1
+            assert fs.y[fs.task == t].max() == pytest.approx(1.0)
+        back = FeatureSet.load(tmp_path / f"{name}.npz")
+        assert np.array_equal(back.x, fs.x) and np.array_equal(back.mask, fs.mask)
+        assert back.tasks == fs.tasks and back.meta == fs.meta and back.platform == platform
+
+
+def test_feature_file_refuses_pickles(tmp_path):
+    import pickle
+
+    (tmp_path / "evil.npz").write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(ValueError, match="not a TCL feature file"):
+        FeatureSet.load(tmp_path / "evil.npz")
