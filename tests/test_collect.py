@@ -94,3 +94,17 @@ def test_collect_through_an_rpc_tracker_and_server(tmp_path):
             if p is not None:
                 p.terminate()
                 p.wait(10)
+
+
+def test_collect_fails_fast_without_an_rpc_server(tmp_path):
+    port = _free_port()
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"])
+    try:
+        time.sleep(2)
+        proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", tmp_path / "db", "--workload", "dense_64",
+                       "--trials", "1", "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "nobody", check=False)
+        assert proc.returncode == 2 and "no server registered with key 'nobody'" in proc.stderr
+    finally:
+        tracker.terminate()
+        tracker.wait(10)

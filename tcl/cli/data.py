@@ -104,8 +104,11 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     from ..collect.collector import collect as run_collect
 
     settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
-    summary = run_collect([platform], list(tasks.values()), trials, out, settings=settings, seed=seed,
-                          rpc=_rpc(rpc_tracker, rpc_key), per_platform_dirs=False)
+    try:
+        summary = run_collect([platform], list(tasks.values()), trials, out, settings=settings, seed=seed,
+                              rpc=_rpc(rpc_tracker, rpc_key), per_platform_dirs=False)
+    except (ValueError, ConnectionError) as exc:
+        _fail(str(exc))
     s = summary[platform.name]
     result = {"platform": platform.name, "tasks": len(tasks), **s}
     click.echo(json.dumps(result) if as_json else

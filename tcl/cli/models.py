@@ -345,3 +345,22 @@ def bench_predict_cmd(names, batch_sizes, seq_len, seconds, threads, naive, para
     click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(_clean(rows)))
+
+
+@bench.command("ingest")
+@click.option("--records", "n_records", default=200_000, show_default=True,
+              help="Ansor records to read (MetaSchedule: a tenth of it).")
+@click.option("--workers", default=2, show_default=True, help="Processes reading Ansor lines.")
+@click.option("--ansor", "ansor_path", default="tests/fixtures/ansor/tlcbench-t4-bert-early.json",
+              show_default=True, type=click.Path(exists=True, dir_okay=False), help="Real records to replicate.")
+@click.option("--metaschedule", "ms_path", default="tests/fixtures/metaschedule/conv2d_small",
+              show_default=True, type=click.Path(exists=True, file_okay=False), help="Real database to replicate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
+def bench_ingest_cmd(n_records, workers, ansor_path, ms_path, as_json):
+    """Read + validate + featurize records/s for Ansor lines and MetaSchedule databases."""
+    from tcl.bench_data import bench_data, format_rows
+
+    rows = bench_data(ansor_path, ms_path, n_records=n_records, workers=workers)
+    click.echo(format_rows(rows))
+    if as_json:
+        click.echo(json.dumps(_clean(rows)))

@@ -166,6 +166,7 @@ def make_runner(threads: int, settings: MeasureSettings, rpc: RpcSettings | None
         enable_cpu_cache_flush=settings.enable_cpu_cache_flush,
     )
     if rpc is not None:  # the remote server's own TVM_NUM_THREADS applies there
+        check_tracker(rpc)
         return ms.runner.RPCRunner(
             rpc_config=ms.runner.RPCConfig(
                 tracker_host=rpc.tracker_host,
@@ -180,6 +181,23 @@ def make_runner(threads: int, settings: MeasureSettings, rpc: RpcSettings | None
     # fixes the runtime thread pool of the platform being emulated.
     os.environ["TVM_NUM_THREADS"] = str(threads)
     return ms.runner.LocalRunner(timeout_sec=settings.run_timeout_s, evaluator_config=evaluator)
+
+
+def check_tracker(rpc: RpcSettings) -> None:
+    """Fail fast, with a reason, when the tracker is unreachable or has no server for the key
+    (MetaSchedule's RPC runner would otherwise wait for one forever)."""
+    from tvm import rpc as tvm_rpc
+
+    where = f"{rpc.tracker_host}:{rpc.tracker_port}"
+    try:
+        summary = tvm_rpc.connect_tracker(rpc.tracker_host, rpc.tracker_port).summary()
+    except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a dead socket
+        raise ConnectionError(f"RPC tracker {where} is unreachable: {exc}") from None
+    if rpc.key not in summary.get("queue_info", {}):
+        known = ", ".join(summary.get("queue_info", {})) or "none"
+        raise ConnectionError(f"RPC tracker {where} has no server registered with key {rpc.key!r} "
+                              f"(keys: {known}); start one with `python -m tvm.exec.rpc_server "
+                              f"--tracker {where} --key {rpc.key}`")
 
 
 Outcome = tuple  # (run_secs: list[float] | None, error: str | None)
