@@ -191,7 +191,7 @@ def _md5_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _dvc_lock_md5(path: Path, root: Path) -> str | None:
+def _dvc_lock_md5(path: Path, root: Path, use_deps: bool = True) -> str | None:
     lock = root / "dvc.lock"
     if not lock.is_file():
         return None
@@ -208,7 +208,7 @@ def _dvc_lock_md5(path: Path, root: Path) -> str | None:
     found = None
     for stage in (data.get("stages") or {}).values():
         # an out is authoritative (the stage produced it); a dep records the same md5
-        for key in ("outs", "deps"):
+        for key in ("outs", "deps") if use_deps else ("outs",):
             for entry in stage.get(key) or []:
                 if str(entry.get("path", "")).rstrip("/") == rel and entry.get("md5"):
                     if key == "outs":
@@ -220,14 +220,17 @@ def _dvc_lock_md5(path: Path, root: Path) -> str | None:
 def data_hash(path: str | os.PathLike) -> str:
     """A content hash identifying a data file or directory.
 
-    If ``dvc.lock`` (at the repo root) records `path` as an out or dep of a stage, the md5 DVC
-    recorded there is returned (for a directory it ends in ``.dir``), so the hash matches what
-    ``dvc status`` tracks. Otherwise the md5 of the file's bytes; for a directory without a
-    dvc.lock entry, the md5 of the sorted lines ``<relative path> <md5>`` of its files.
+    If ``dvc.lock`` (at the repo root) records `path` as an out of a stage (a directory: also
+    as a dep), the md5 DVC recorded there is returned (for a directory it ends in ``.dir``), so
+    the hash matches what ``dvc status`` tracks. Otherwise the md5 of the file's bytes (equal to
+    DVC 3's md5 of the file); for a directory without a dvc.lock entry, the md5 of the sorted
+    lines ``<relative path> <md5>`` of its files.
     """
     p = Path(path)
     root = repo_root(p.resolve().parent if p.exists() else None)
-    recorded = _dvc_lock_md5(p, root)
+    # a deps entry is only rewritten when its stage runs, so while `dvc repro` re-runs a stage it
+    # still holds the previous md5: for a file, hash the bytes instead (DVC 3's md5 of a file)
+    recorded = _dvc_lock_md5(p, root, use_deps=p.is_dir())
     if recorded:
         return recorded
     if p.is_dir():

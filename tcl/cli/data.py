@@ -225,3 +225,72 @@ def dataset_pack(params_path: str, out: str) -> None:
     params = _load_params(params_path)
     summary = pack(params["dataset"]["out"], params["platforms"], out)
     click.echo(json.dumps(summary, indent=2))
+
+
+@dataset.command("stats")
+@click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False),
+              help="Bundled dataset root: one MetaSchedule database per platform.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the JSON there (e.g. data/stats/stats.json).")
+def dataset_stats(raw_root: str, as_json: bool, out: str | None) -> None:
+    """Counts per platform and cross-platform rank agreement on matched programs."""
+    from ..collect.stats import dataset_stats as compute, format_stats
+    from ..io import atomic_write_json
+
+    try:
+        stats = compute(raw_root)
+    except (FileNotFoundError, KeyError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc), 1)
+    if out:
+        atomic_write_json(out, stats)
+    click.echo(json.dumps(stats, indent=1) if as_json else format_stats(stats))
+
+
+@dataset.command("noise")
+@click.option("--platform", "platform_name", required=True, help="Platform whose database is re-measured.")
+@click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False),
+              help="Dataset root; the database is RAW/PLATFORM.")
+@click.option("--programs", type=int, default=100, show_default=True, help="Random valid programs to re-measure.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="Write the report (JSON) there (e.g. data/stats/noise-PLATFORM.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--progress/--no-progress", default=True)
+def dataset_noise(platform_name, raw_root, programs, seed, out, as_json, progress) -> None:
+    """Re-measure random programs with the recorded settings: median |new-old|/old."""
+    from ..collect.noise import format_noise, remeasure
+    from ..hardware import get_platform
+    from ..io import atomic_write_json
+
+    try:
+        get_platform(platform_name)
+        report = remeasure(Path(raw_root) / platform_name, platform_name, programs, seed, progress=progress)
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc), 1)
+    if out:
+        atomic_write_json(out, report)
+    click.echo(json.dumps({k: v for k, v in report.items() if k != "detail"}) if as_json else format_noise(report))
+
+
+@dataset.command("datasheet")
+@click.option("--stats", "stats_path", default="data/stats/stats.json", show_default=True)
+@click.option("--noise", "noise_glob", default="data/stats/noise-*.json", show_default=True,
+              help="Noise reports to include (glob).")
+@click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False))
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--collected", default=None, help="When the data was collected (free text); default: "
+              "derived from the noise reports.")
+@click.option("--out", default="data/DATASHEET.md", show_default=True, type=click.Path(dir_okay=False))
+def dataset_datasheet(stats_path, noise_glob, raw_root, params_path, collected, out) -> None:
+    """Write the dataset's datasheet from the stats/noise JSON files."""
+    import glob
+
+    from ..collect.datasheet import write_datasheet
+
+    try:
+        write_datasheet(stats_path, [Path(p) for p in glob.glob(noise_glob)], _load_params(params_path),
+                        raw_root, out, collected=collected)
+    except FileNotFoundError as exc:
+        _fail(exc.args[0], 1)
+    click.echo(f"wrote {out}")

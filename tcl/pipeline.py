@@ -1,0 +1,297 @@
+"""The per-family stages of the main job (`dvc repro`): train, evaluate, register.
+
+A hardware family is trained from the platforms listed for it under ``families:`` in
+params.yaml, one FeatureSet per platform (``data/splits/<platform>/{train,valid,test}.npz``).
+DVC cannot expand a list into a command line or into ``deps``, so each family stage of
+dvc.yaml is one call of this module with the family name::
+
+    python -m tcl.pipeline train    amd-zen4-avx512 --out models/amd-zen4-avx512 ...
+    python -m tcl.pipeline evaluate amd-zen4-avx512 --model models/amd-zen4-avx512 ...
+    python -m tcl.pipeline register amd-zen4-avx512 --checkpoint ... --onnx ... --metrics ...
+    python -m tcl.pipeline profile-args params-paper.yaml   # -S flags for `dvc exp run`
+
+The work itself is done by the same functions as `tcl train`, `tcl evaluate` and
+`tcl register` (tcl.cli.models.run_train, tcl.metrics, tcl.registry.register_kb).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import click
+
+SPLITS_DIR = "data/splits"
+DEFAULT_EXPERIMENT = "tcl-pipeline"
+
+
+# ---------------------------------------------------------------------------------------------
+# params
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise click.ClickException(f"params file not found: {p}")
+    return yaml.safe_load(p.read_text()) or {}
+
+
+def family_platforms(family: str, params: dict) -> list[str]:
+    """The platforms of `family` under ``families:``, checked against the hardware registry."""
+    from tcl.hardware import family_of
+
+    families = params.get("families") or {}
+    if family not in families:
+        raise click.ClickException(f"family {family!r} is not under `families:` in params.yaml "
+                                   f"(known: {', '.join(sorted(families)) or 'none'})")
+    platforms = families[family]
+    if isinstance(platforms, str):
+        platforms = [platforms]
+    platforms = [str(p) for p in platforms or []]
+    if not platforms:
+        raise click.ClickException(f"family {family!r} lists no platforms")
+    if len(set(platforms)) != len(platforms):
+        raise click.ClickException(f"family {family!r} lists a platform twice: {platforms}")
+    for p in platforms:
+        try:
+            actual = family_of(p)
+        except KeyError as exc:
+            raise click.ClickException(str(exc.args[0])) from None
+        if actual != family:
+            raise click.ClickException(f"platform {p!r} belongs to family {actual!r}, not {family!r} "
+                                       f"(tcl/data/hardware.json)")
+    return platforms
+
+
+def split_files(platforms: list[str], part: str, splits_dir: str | os.PathLike = SPLITS_DIR) -> list[str]:
+    files = [str(Path(splits_dir) / p / f"{part}.npz") for p in platforms]
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise click.ClickException(f"missing split files (run the split stage): {', '.join(missing)}")
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# plot files
+
+
+def learning_curve(history: list[dict]) -> list[dict]:
+    """Per-epoch rows for `dvc plots`: epoch, train_loss, valid_top1 (+ valid_top5, lr)."""
+    rows = []
+    for h in history:
+        if "train_loss" not in h:  # XGBoost rounds have no loss; not used by the pipeline
+            continue
+        row = {"epoch": int(h["epoch"]), "train_loss": h["train_loss"]}
+        for key in ("valid_top1", "valid_top5", "lr"):
+            if key in h:
+                row[key] = h[key]
+        rows.append(_finite(row))
+    return rows
+
+
+def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
+    """One row per (platform, held-out network, k) for a horizontal bar chart, plus the wide
+    values: platform, network, top1, top5, metric (``top1``/``top5``), score, label."""
+    rows = []
+    for platform, res in per_platform.items():
+        for net, m in (res.get("per_network") or {}).items():
+            for k in ("top1", "top5"):
+                rows.append(_finite({"label": f"{platform}/{net} {k}", "platform": platform,
+                                     "network": net, "metric": k, "score": m.get(k),
+                                     "top1": m.get("top1"), "top5": m.get("top5")}))
+    return rows
+
+
+def _finite(obj):
+    """JSON-safe: NaN/inf -> None, numpy scalars -> Python, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# stages
+
+
+def train_family(family: str, out: str, plot: str, params_path: str = "params.yaml",
+                 splits_dir: str = SPLITS_DIR) -> dict:
+    """Train the family's KB (Mamba, ``pipeline.preset``) on its platforms' train splits with the
+    valid splits for early stopping; ``pipeline.train`` overrides ``train:``. One MLflow run."""
+    from tcl.cli.models import run_train
+    from tcl.io import atomic_write_json
+
+    params = load_params(params_path)
+    platforms = family_platforms(family, params)
+    pipe = params.get("pipeline") or {}
+    preset = str(pipe.get("preset", "kb"))
+    summary = run_train(
+        "mamba",
+        split_files(platforms, "train", splits_dir),
+        split_files(platforms, "valid", splits_dir),
+        split_files(platforms, "test", splits_dir),
+        preset, params_path, {}, dict(pipe.get("train") or {}), out,
+        experiment=str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
+        run_name=f"{preset}-{family}", progress=False)
+    history = json.loads((Path(out) / "history.json").read_text())
+    atomic_write_json(plot, learning_curve(history))
+    return summary
+
+
+def evaluate_family(family: str, model: str, out: str, plot: str, params_path: str = "params.yaml",
+                    splits_dir: str = SPLITS_DIR) -> dict:
+    """Held-out metrics of the family's model on each platform's test split.
+
+    Top level: ``top1``, ``top5``, ``pairwise``, ``spearman`` (means over the platforms);
+    ``per_platform.<platform>`` has the same plus ``per_network.<network>.{top1,top5}``.
+    """
+    from tcl import metrics as M
+    from tcl.features import FeatureSet
+    from tcl.io import atomic_write_json
+    from tcl.training import load_trained, predict_scores
+
+    params = load_params(params_path)
+    platforms = family_platforms(family, params)
+    files = split_files(platforms, "test", splits_dir)
+    net, info = load_trained(model)
+    per_platform = {}
+    for platform, path in zip(platforms, files):
+        fs = FeatureSet.load(path)
+        if len(fs) == 0:
+            raise click.ClickException(f"{path} is empty: no held-out programs to evaluate on")
+        per_platform[platform] = M.evaluate(predict_scores(net, fs), fs)
+    result = {"family": family, "platforms": platforms, "kind": info.get("kind"),
+              **M.mean_metrics(list(per_platform.values())),
+              "n_programs": sum(r["n_programs"] for r in per_platform.values()),
+              "per_platform": per_platform}
+    result = _finite(result)
+    atomic_write_json(out, result)
+    atomic_write_json(plot, topk_rows(result["per_platform"]))
+    return result
+
+
+def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: str, out: str,
+                    params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR) -> dict:
+    """Register the exported KB as a version of ``tcl-kb-<family>`` (alias ``candidate``), tagged
+    per docs/lifecycle.md. Idempotent: the same checkpoint of the same run is not registered twice."""
+    from tcl import registry, tracking
+    from tcl.io import atomic_write_text
+
+    params = load_params(params_path)
+    platforms = family_platforms(family, params)
+    metrics = json.loads(Path(metrics_path).read_text())
+    run_file = Path(checkpoint).resolve().parent / "mlflow_run.json"
+    run_id = json.loads(run_file.read_text()).get("run_id") if run_file.is_file() else None
+    data_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "train", splits_dir))
+    eval_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "test", splits_dir))
+    version = registry.register_kb(checkpoint, family, platforms, run_id, metrics, eval_hash,
+                                   data_hash, onnx_path=onnx_path)
+    info = registry.show(family, version)
+    atomic_write_text(out, registry.dumps(info) + "\n")
+    return info
+
+
+def profile_args(path: str | os.PathLike) -> list[str]:
+    """``-S key=value`` arguments for `dvc exp run` from a params profile (nested keys dotted)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    args: list[str] = []
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            value = json.dumps(node) if isinstance(node, (list, bool)) or node is None else str(node)
+            args.extend(["-S", f"{prefix}={value}"])
+
+    walk("", data)
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# command line (python -m tcl.pipeline ...)
+
+
+@click.group()
+def main() -> None:
+    """Per-family stages of the main DVC pipeline (one command per family)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+_params_opt = click.option("--params", "params_path", default="params.yaml", show_default=True)
+_splits_opt = click.option("--splits", "splits_dir", default=SPLITS_DIR, show_default=True,
+                           help="directory holding <platform>/{train,valid,test}.npz")
+
+
+@main.command("train")
+@click.argument("family")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="training output dir")
+@click.option("--plot", required=True, type=click.Path(dir_okay=False), help="learning-curve JSON")
+@_params_opt
+@_splits_opt
+def train_cmd(family, out, plot, params_path, splits_dir):
+    """Train FAMILY's KB model on its platforms (an MLflow run)."""
+    s = train_family(family, out, plot, params_path, splits_dir)
+    keys = [k for k in sorted(s) if k.startswith(("best_valid_", "test_")) or k in ("best_epoch", "epochs_run")]
+    click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
+               "  ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}" for k in keys))
+
+
+@main.command("evaluate")
+@click.argument("family")
+@click.option("--model", required=True, type=click.Path(exists=True), help="checkpoint or training dir")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="metrics JSON")
+@click.option("--plot", required=True, type=click.Path(dir_okay=False), help="top-k per network JSON")
+@_params_opt
+@_splits_opt
+def evaluate_cmd(family, model, out, plot, params_path, splits_dir):
+    """Evaluate FAMILY's model on its platforms' held-out test splits."""
+    r = evaluate_family(family, model, out, plot, params_path, splits_dir)
+    click.echo(f"{family}: top1={r['top1']} top5={r['top5']} pairwise={r['pairwise']} "
+               f"spearman={r['spearman']} ({r['n_programs']} programs) -> {out}")
+
+
+@main.command("register")
+@click.argument("family")
+@click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--onnx", "onnx_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--metrics", "metrics_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="version info JSON")
+@_params_opt
+@_splits_opt
+def register_cmd(family, checkpoint, onnx_path, metrics_path, out, params_path, splits_dir):
+    """Register FAMILY's exported KB in the MLflow registry (alias candidate)."""
+    from tcl.registry import TclRegistryError
+
+    try:
+        info = register_family(family, checkpoint, onnx_path, metrics_path, out, params_path, splits_dir)
+    except TclRegistryError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{info['name']} version {info['version']} (aliases: {', '.join(info['aliases'])}) -> {out}")
+
+
+@main.command("profile-args")
+@click.argument("profile", type=click.Path(exists=True, dir_okay=False))
+def profile_args_cmd(profile):
+    """Print `-S key=value` flags for `dvc exp run` from a params profile (params-paper.yaml)."""
+    import shlex
+
+    click.echo(" ".join(shlex.quote(a) for a in profile_args(profile)))
+
+
+if __name__ == "__main__":
+    main()

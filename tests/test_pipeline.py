@@ -1,0 +1,225 @@
+"""The main job end to end: `dvc repro` of the repository's dvc.yaml on a slice of the bundled data.
+
+A temporary git + DVC project gets the real dvc.yaml, params.yaml (with a smaller platform set,
+tiny epochs) and a slice of data/raw (a few tasks per platform, a few programs per task). The
+pipeline runs ingest -> featurize -> split -> train -> evaluate -> export -> register through
+DVC's Python API against a temporary MLflow SQLite store; then a second `dvc repro` must run
+nothing and create no MLflow run and no model version.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+# two families; amd-zen4-avx512 learns from two platforms (one FeatureSet each)
+FAMILIES = {"amd-zen4-avx512": ["znver4-avx512-t2", "znver4-avx512-t1"], "x86-sse": ["x86-sse-t1"]}
+PROGRAMS_PER_TASK = 24
+TEST_NETWORKS = ("resnet50", "bert_base")
+
+
+def _pick_tasks(raw: Path) -> set[str]:
+    """Structural hashes of: one task of each test network and four tasks of other networks,
+    among the tasks with enough measured programs on every platform of the slice."""
+    counts: dict[str, list[int]] = {}
+    for platform in [p for ps in FAMILIES.values() for p in ps]:
+        d = raw / platform
+        workloads = [json.loads(line)[0] for line in _lines(d / "database_workload.json")]
+        per = {}
+        for line in _lines(d / "database_tuning_record.json"):
+            shash = workloads[json.loads(line)[0]]
+            per[shash] = per.get(shash, 0) + 1
+        for shash, n in per.items():
+            counts.setdefault(shash, []).append(n)
+    n_platforms = sum(len(ps) for ps in FAMILIES.values())
+    ok = {h for h, c in counts.items() if len(c) == n_platforms and min(c) >= PROGRAMS_PER_TASK}
+    meta = json.loads((raw / FAMILIES["x86-sse"][0] / "tasks.json").read_text())
+    picked, rest = set(), []
+    for net in TEST_NETWORKS:
+        cands = sorted(h for h in ok if meta.get(h, {}).get("networks") == [net])
+        if not cands:
+            pytest.skip(f"the bundled data has no task of {net} with {PROGRAMS_PER_TASK} programs")
+        picked.add(cands[0])
+    rest = sorted(h for h in ok if h in meta and not set(meta[h]["networks"]) & set(TEST_NETWORKS))
+    if len(rest) < 4:
+        pytest.skip("the bundled data has fewer than 4 training tasks")
+    return picked | set(rest[:4])
+
+
+def _lines(path: Path):
+    gz = path.with_name(path.name + ".gz")
+    opener = (lambda: gzip.open(gz, "rt")) if gz.exists() else (lambda: open(path))
+    with opener() as f:
+        for line in f:
+            if line.strip():
+                yield line
+
+
+def _slice_raw(src: Path, dst: Path, platform: str, keep: set[str]) -> None:
+    """A real MetaSchedule database with the first PROGRAMS_PER_TASK records of the kept tasks."""
+    dst.mkdir(parents=True)
+    wl_lines = list(_lines(src / "database_workload.json"))
+    workloads = [json.loads(line)[0] for line in wl_lines]
+    (dst / "database_workload.json").write_text("".join(wl_lines))
+    seen: dict[str, int] = {}
+    out = []
+    for line in _lines(src / "database_tuning_record.json"):
+        shash = workloads[json.loads(line)[0]]
+        if shash in keep and seen.get(shash, 0) < PROGRAMS_PER_TASK:
+            seen[shash] = seen.get(shash, 0) + 1
+            out.append(line)
+    (dst / "database_tuning_record.json").write_text("".join(out))
+    for name in ("tasks.json", "collect.json"):
+        if (src / name).exists():
+            shutil.copyfile(src / name, dst / name)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    root = tmp_path_factory.mktemp("pipeline") / "proj"
+    root.mkdir()
+    raw = REPO / "data" / "raw"
+    keep = _pick_tasks(raw)
+    for platform in [p for ps in FAMILIES.values() for p in ps]:
+        _slice_raw(raw / platform, root / "data" / "raw" / platform, platform, keep)
+
+    shutil.copyfile(REPO / "dvc.yaml", root / "dvc.yaml")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["platforms"] = [p for ps in FAMILIES.values() for p in ps]
+    params["families"] = FAMILIES
+    params["split"]["valid_fraction"] = 0.25  # 4 non-test tasks -> 1 validation task
+    params["pipeline"]["train"] = {"epochs": 2, "batch_size": 32, "patience": 2, "threads": 1}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / ".gitignore").write_text("/mlflow/\n/plots-html/\n")
+
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q"],
+                [sys.executable, "-m", "dvc", "config", "core.analytics", "false"],
+                ["git", "add", "-A"], ["git", "commit", "-q", "-m", "pipeline test"]):
+        subprocess.run(cmd, cwd=root, check=True, env=env, capture_output=True)
+    return root
+
+
+@pytest.fixture()
+def in_project(project, monkeypatch):
+    """cwd = the project, its own MLflow store, the venv's `tcl`/`python` first on PATH."""
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project}/mlflow/mlflow.db")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    return project
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
+def _store_counts() -> tuple[int, int]:
+    """(runs in every experiment, model versions of every tcl-kb-* model) of the MLflow store."""
+    from tcl import tracking
+
+    tracking.ensure_store()
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    exps = [e.experiment_id for e in client.search_experiments()]
+    runs = len(client.search_runs(exps, max_results=1000))
+    versions = len(client.search_model_versions("name LIKE 'tcl-kb-%'"))
+    return runs, versions
+
+
+def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in_project):
+    from dvc.repo import Repo
+
+    from tcl import registry
+
+    root = in_project
+    with Repo(str(root)) as repo:
+        ran = repo.reproduce()
+    names = {s.addressing for s in ran}
+    for fam in FAMILIES:
+        for stage in ("train", "evaluate", "export", "register"):
+            assert f"{stage}@{fam}" in names
+
+    for fam, platforms in FAMILIES.items():
+        # registry: one version, alias candidate, tags per docs/lifecycle.md
+        rows = registry.list_models(fam)
+        assert [r["version"] for r in rows] == [1]
+        v = rows[0]
+        assert v["aliases"] == ["candidate"]
+        tags = v["tags"]
+        assert set(registry.VERSION_TAGS) <= set(tags)
+        assert tags["family"] == fam and tags["platforms"] == ",".join(platforms)
+        assert tags["kind"] == "mamba" and tags["feature_version"]
+        split = root / "data" / "splits"
+        assert tags["data_hash"] == ",".join(_md5(split / p / "train.npz") for p in platforms)
+        assert tags["eval_data_hash"] == ",".join(_md5(split / p / "test.npz") for p in platforms)
+        assert tags["checkpoint_sha256"] == registry.file_sha256(root / "models" / fam / "model.pt")
+        assert tags["onnx_sha256"] == registry.file_sha256(root / "models" / f"{fam}.onnx")
+        run_id = json.loads((root / "models" / fam / "mlflow_run.json").read_text())["run_id"]
+        assert tags["run_id"] == run_id
+
+        # metrics: means over platforms + per platform/network, the same top1 as the tags
+        m = json.loads((root / "metrics" / f"{fam}.json").read_text())
+        assert m["platforms"] == platforms
+        for key in ("top1", "top5", "pairwise", "spearman"):
+            assert 0.0 <= m[key] <= 1.0
+        assert float(tags["top1"]) == pytest.approx(m["top1"])
+        assert set(m["per_platform"]) == set(platforms)
+        for res in m["per_platform"].values():
+            assert set(res["per_network"]) == set(TEST_NETWORKS)
+        info = json.loads((root / "models" / f"{fam}.registered.json").read_text())
+        assert info["version"] == 1 and info["name"] == f"tcl-kb-{fam}"
+
+        # the training run: one FeatureSet per platform of the family
+        import mlflow
+
+        run = mlflow.MlflowClient().get_run(run_id)
+        assert run.data.tags["platform"] == ",".join(platforms)
+        assert run.data.params["data"] == ",".join(f"data/splits/{p}/train.npz" for p in platforms)
+        assert run.data.params["train.epochs"] == "2"
+
+        # plot files
+        curve = json.loads((root / "plots" / "learning" / f"{fam}.json").read_text())
+        assert [r["epoch"] for r in curve] == list(range(len(curve))) and curve
+        assert {"train_loss", "valid_top1"} <= set(curve[0])
+        topk = json.loads((root / "plots" / "topk" / f"{fam}.json").read_text())
+        assert {(r["platform"], r["network"], r["metric"]) for r in topk} == {
+            (p, n, k) for p in platforms for n in TEST_NETWORKS for k in ("top1", "top5")}
+
+    runs, versions = _store_counts()
+    assert versions == len(FAMILIES) and runs == len(FAMILIES)
+
+    # a no-op repro: nothing runs, no new MLflow run or model version
+    with Repo(str(root)) as repo:
+        assert list(repo.reproduce()) == []
+        assert repo.status() == {}
+    assert _store_counts() == (runs, versions)
+
+    # the plots render (the dvc.yaml `plots:` definitions) and the registered KB serves
+    out = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", "plots-html"],
+                         cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    html = (root / "plots-html" / "index.html").read_text()
+    for fam in FAMILIES:
+        assert f"plots/learning/{fam}.json" in html and f"plots/topk/{fam}.json" in html
+    from tcl.features import FeatureSet
+    from tcl.serving import load_predictor
+
+    fs = FeatureSet.load(root / "data" / "splits" / "x86-sse-t1" / "test.npz")
+    scores = load_predictor("models:/tcl-kb-x86-sse@candidate").predict_features(fs)
+    assert scores.shape == (len(fs),)
