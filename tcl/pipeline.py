@@ -79,18 +79,19 @@ def split_files(platforms: list[str], part: str, splits_dir: str | os.PathLike =
 # plot files
 
 
-def learning_curve(history: list[dict]) -> list[dict]:
-    """Per-epoch rows for `dvc plots`: epoch, train_loss, valid_top1 (+ valid_top5, lr)."""
-    rows = []
+def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Per-epoch rows for `dvc plots` from a training history: (epoch, train_loss, lr) and
+    (epoch, valid_top1, valid_top5). Two files because the LambdaRank loss (~1e-3) and top-k
+    (~0.5) would share one y axis otherwise."""
+    loss, valid = [], []
     for h in history:
         if "train_loss" not in h:  # XGBoost rounds have no loss; not used by the pipeline
             continue
-        row = {"epoch": int(h["epoch"]), "train_loss": h["train_loss"]}
-        for key in ("valid_top1", "valid_top5", "lr"):
-            if key in h:
-                row[key] = h[key]
-        rows.append(_finite(row))
-    return rows
+        loss.append(_finite({"epoch": int(h["epoch"]), "train_loss": h["train_loss"], "lr": h.get("lr")}))
+        if "valid_top1" in h:
+            valid.append(_finite({"epoch": int(h["epoch"]), "valid_top1": h["valid_top1"],
+                                  "valid_top5": h.get("valid_top5")}))
+    return loss, valid
 
 
 def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
@@ -126,8 +127,8 @@ def _finite(obj):
 # stages
 
 
-def train_family(family: str, out: str, plot: str, params_path: str = "params.yaml",
-                 splits_dir: str = SPLITS_DIR) -> dict:
+def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
+                 params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR) -> dict:
     """Train the family's KB (Mamba, ``pipeline.preset``) on its platforms' train splits with the
     valid splits for early stopping; ``pipeline.train`` overrides ``train:``. One MLflow run."""
     from tcl.cli.models import run_train
@@ -145,8 +146,9 @@ def train_family(family: str, out: str, plot: str, params_path: str = "params.ya
         preset, params_path, {}, dict(pipe.get("train") or {}), out,
         experiment=str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
         run_name=f"{preset}-{family}", progress=False)
-    history = json.loads((Path(out) / "history.json").read_text())
-    atomic_write_json(plot, learning_curve(history))
+    loss, valid = learning_curves(json.loads((Path(out) / "history.json").read_text()))
+    atomic_write_json(loss_plot, loss)
+    atomic_write_json(valid_plot, valid)
     return summary
 
 
@@ -240,12 +242,15 @@ _splits_opt = click.option("--splits", "splits_dir", default=SPLITS_DIR, show_de
 @main.command("train")
 @click.argument("family")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="training output dir")
-@click.option("--plot", required=True, type=click.Path(dir_okay=False), help="learning-curve JSON")
+@click.option("--loss-plot", required=True, type=click.Path(dir_okay=False),
+              help="per-epoch train loss JSON")
+@click.option("--valid-plot", required=True, type=click.Path(dir_okay=False),
+              help="per-epoch validation top-1/top-5 JSON")
 @_params_opt
 @_splits_opt
-def train_cmd(family, out, plot, params_path, splits_dir):
+def train_cmd(family, out, loss_plot, valid_plot, params_path, splits_dir):
     """Train FAMILY's KB model on its platforms (an MLflow run)."""
-    s = train_family(family, out, plot, params_path, splits_dir)
+    s = train_family(family, out, loss_plot, valid_plot, params_path, splits_dir)
     keys = [k for k in sorted(s) if k.startswith(("best_valid_", "test_")) or k in ("best_epoch", "epochs_run")]
     click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
                "  ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}" for k in keys))

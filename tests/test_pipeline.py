@@ -194,9 +194,10 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         assert run.data.params["train.epochs"] == "2"
 
         # plot files
-        curve = json.loads((root / "plots" / "learning" / f"{fam}.json").read_text())
-        assert [r["epoch"] for r in curve] == list(range(len(curve))) and curve
-        assert {"train_loss", "valid_top1"} <= set(curve[0])
+        loss = json.loads((root / "plots" / "train_loss" / f"{fam}.json").read_text())
+        valid = json.loads((root / "plots" / "valid" / f"{fam}.json").read_text())
+        assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == [0, 1]
+        assert all(r["train_loss"] > 0 for r in loss) and all(0 <= r["valid_top1"] <= 1 for r in valid)
         topk = json.loads((root / "plots" / "topk" / f"{fam}.json").read_text())
         assert {(r["platform"], r["network"], r["metric"]) for r in topk} == {
             (p, n, k) for p in platforms for n in TEST_NETWORKS for k in ("top1", "top5")}
@@ -210,16 +211,68 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         assert repo.status() == {}
     assert _store_counts() == (runs, versions)
 
-    # the plots render (the dvc.yaml `plots:` definitions) and the registered KB serves
+    # the plots render (the dvc.yaml `plots:` definitions): one chart per file, no errors
+    out = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "--json"],
+                         cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert not shown.get("errors")
+    kinds = ("train_loss", "valid", "topk")
+    assert set(shown["data"]) == {f"plots/{kind}/{fam}.json" for kind in kinds for fam in FAMILIES}
     out = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", "plots-html"],
                          cwd=root, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     html = (root / "plots-html" / "index.html").read_text()
-    for fam in FAMILIES:
-        assert f"plots/learning/{fam}.json" in html and f"plots/topk/{fam}.json" in html
+    assert html.count('"$schema": "https://vega.github.io/schema/vega-lite') == 3 * len(FAMILIES)
+
+    # the registered KB serves
     from tcl.features import FeatureSet
     from tcl.serving import load_predictor
 
     fs = FeatureSet.load(root / "data" / "splits" / "x86-sse-t1" / "test.npz")
     scores = load_predictor("models:/tcl-kb-x86-sse@candidate").predict_features(fs)
     assert scores.shape == (len(fs),)
+
+
+def test_family_platforms_checks_the_hardware_registry():
+    import click
+
+    from tcl.pipeline import family_platforms
+
+    params = {"families": {"x86-sse": ["x86-sse-t1"], "x86-avx2": ["x86-sse-t1"],
+                           "amd-zen4-avx512": []}}
+    assert family_platforms("x86-sse", params) == ["x86-sse-t1"]
+    for fam, msg in (("x86-avx2", "belongs to family 'x86-sse'"), ("amd-zen4-avx512", "no platforms"),
+                     ("nvidia-turing", "not under `families:`")):
+        with pytest.raises(click.ClickException, match=msg):
+            family_platforms(fam, params)
+
+
+def test_paper_profile_becomes_dvc_exp_run_flags_for_existing_keys():
+    from tcl.pipeline import profile_args
+
+    args = profile_args(REPO / "params-paper.yaml")
+    flags = dict(a.split("=", 1) for a in args[1::2])
+    assert args[::2] == ["-S"] * len(flags)
+    assert flags["pipeline.train.epochs"] == "50" and flags["pipeline.train.batch_size"] == "1024"
+    # `dvc exp run -S` only modifies keys: every key of the profile must exist in params.yaml
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for key in flags:
+        node = params
+        for part in key.split("."):
+            assert part in node, f"{key} is not in params.yaml"
+            node = node[part]
+
+
+def test_data_hash_of_a_file_ignores_a_stale_dvc_lock_dep(tmp_path, monkeypatch):
+    """While `dvc repro` re-runs a stage, dvc.lock still lists its deps' previous md5s."""
+    from tcl import tracking
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    f = tmp_path / "train.npz"
+    f.write_bytes(b"new bytes")
+    (tmp_path / "dvc.lock").write_text(
+        "schema: '2.0'\nstages:\n  train:\n    cmd: x\n    deps:\n    - path: train.npz\n"
+        "      md5: 0123456789abcdef0123456789abcdef\n      size: 9\n")
+    monkeypatch.chdir(tmp_path)
+    assert tracking.data_hash(f) == _md5(f)
