@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from .features import Featurizer
-from .records import Record
+from .records import Record, gc_paused
 from .records.ansor import read_ansor_lines
 from .records.metaschedule import read_database
 
@@ -28,8 +28,9 @@ def _ansor_chunk(args) -> int:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(stop - start)
-    records = [r for r in read_ansor_lines(path, data.splitlines(), "bench") if isinstance(r, Record)]
-    x, mask = featurizer([r.steps for r in records])
+    with gc_paused():
+        records = [r for r in read_ansor_lines(path, data.splitlines(), "bench") if isinstance(r, Record)]
+        x, mask = featurizer([r.steps for r in records])
     return len(records)
 
 
@@ -97,8 +98,9 @@ def bench_data(ansor_fixture: str, ms_fixture: str, n_records: int = 200_000, wo
         base_n = _baseline(str(db / "database_tuning_record.json"))
         t_base = time.perf_counter() - t0
         t0 = time.perf_counter()
-        records = [r for r in read_database(db, "bench") if isinstance(r, Record)]
-        Featurizer(max_len)([r.steps for r in records])
+        with gc_paused():
+            records = [r for r in read_database(db, "bench") if isinstance(r, Record)]
+            Featurizer(max_len)([r.steps for r in records])
         t = time.perf_counter() - t0
         rows.append({"format": "metaschedule", "records": base_n, "valid": len(records), "seconds": t,
                      "records_per_s": base_n / t, "baseline_json_loads_per_s": base_n / t_base,

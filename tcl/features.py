@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 
 from .io import atomic_path
-from .records import STEP_KINDS
+from .records import STEP_KINDS, gc_paused
 
 FEATURE_VERSION = "steps-v1"
 N_NUMERIC = 12
@@ -214,8 +214,9 @@ def featurize_table(table, max_len: int = 48) -> FeatureSet:
     if len(platforms) != 1:
         raise ValueError(f"a feature set holds one platform; got {sorted(platforms)}")
     featurizer = Featurizer(max_len)
-    steps = [orjson.loads(s) for s in table.column("steps").to_pylist()]
-    x, mask = featurizer(steps)
+    with gc_paused():
+        steps = [orjson.loads(s) for s in table.column("steps").to_pylist()]
+        x, mask = featurizer(steps)
     task_ids = table.column("task_id").to_pylist()
     tasks = sorted(set(task_ids))
     index = {t: i for i, t in enumerate(tasks)}

@@ -6,6 +6,8 @@ Parquet file per platform plus a rejects file beside it. No pickle is ever loade
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import math
@@ -78,6 +80,23 @@ def steps_json(steps: list) -> str:
 def steps_id(steps_text: str) -> str:
     """Stable id of a program (sha1 of its canonical steps JSON): matches it across platforms."""
     return hashlib.sha1(steps_text.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector while reading a batch.
+
+    Parsed records are trees of small lists without reference cycles, but allocating millions
+    of them keeps triggering the collector, which then rescans every live record: measured
+    here, that is ~80% of the time of reading 20,000 Ansor lines (55 us/line vs 10 us/line).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def loads_lenient(line: bytes | str):

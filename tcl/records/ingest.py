@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_path
-from . import REJECT_REASONS, IngestReport, Record, Reject, steps_id, steps_json
+from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, steps_id, steps_json
 from .ansor import read_ansor_lines
 from .metaschedule import read_database
 
@@ -100,7 +100,7 @@ def ingest(src, platform: str, out: str | os.PathLike, fmt: str = "auto",
     report = IngestReport()
     records: list[Record] = []
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
-    with atomic_path(rejects_path) as tmp_rejects, open(tmp_rejects, "w") as rej:
+    with atomic_path(rejects_path) as tmp_rejects, open(tmp_rejects, "w") as rej, gc_paused():
         for item in tqdm(iter_source(src, platform, fmt), disable=not progress, unit="rec", desc="ingest"):
             if isinstance(item, Record):
                 records.append(item)
