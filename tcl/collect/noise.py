@@ -115,6 +115,41 @@ def read_programs(db_dir: str | Path) -> tuple[list, list[dict]]:
     return workloads, programs
 
 
+class _LoadMonitor:
+    """How busy the machine was with other work while we measured: busy CPU time of the whole
+    machine minus that of this process and its (builder/runner worker) children."""
+
+    def __init__(self):
+        import psutil
+
+        self.me = psutil.Process()
+        self.busy0 = self._busy()
+        self.mine0 = self._mine()
+
+    @staticmethod
+    def _busy() -> float:
+        import psutil
+
+        t = psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def _mine(self) -> float:
+        import psutil
+
+        total = sum(self.me.cpu_times()[:2])
+        for child in self.me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return total
+
+    def other_cores(self, wall: float) -> float | None:
+        if wall <= 0:
+            return None
+        return max(0.0, (self._busy() - self.busy0) - (self._mine() - self.mine0)) / wall
+
+
 def _settings(recorded: dict) -> MeasureSettings:
     known = {f.name for f in dataclasses.fields(MeasureSettings)}
     return MeasureSettings(**{k: v for k, v in recorded.items() if k in known})
@@ -172,6 +207,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         mods.append(sch.mod)
 
     load_before = os.getloadavg()
+    monitor = _LoadMonitor()
     started = time.time()
     builder = make_builder(settings)
     runner = make_runner(threads, settings)
@@ -186,6 +222,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         bar.update(len(chunk))
     bar.close()
     wall = time.time() - started
+    others = monitor.other_cores(wall)
     load_after = os.getloadavg()
 
     detail, rel, ratio, errors = [], [], [], {}
@@ -230,6 +267,8 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         "wall_s": round(wall, 1),
         "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
         "loadavg_1_5_15_after": [round(x, 2) for x in load_after],
+        # CPU used by processes other than this one and its workers, in cores, averaged over the run
+        "other_processes_cores": None if others is None else round(others, 2),
         "machine": machine_info(),
         "packages": package_versions(),
         "detail": [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in detail],

@@ -14,6 +14,10 @@ Between two platforms, only programs valid on both are compared, task by task:
 - `rank_a_best_on_b`: rank (1 = fastest) on B of A's fastest program, and the other way round;
 - `slowdown_a_best_on_b`: latency on B of A's fastest program / B's fastest latency — what a
   model that ranked perfectly for A would lose on B by picking A's best.
+
+Per platform, `repeat_spread` summarises (max - min) / mean over the repeats of each stored
+measurement: noise visible without measuring again (`tcl dataset noise` measures the rest).
+Two traces whose steps are identical are one program for the featurizer; the faster is kept.
 """
 
 from __future__ import annotations
@@ -66,9 +70,12 @@ def load_platform(db_dir: str | Path, platform: str) -> dict:
     failed: Counter = Counter()
     rejected: Counter = Counter()
     n_valid = duplicates = 0
+    spread = []  # (max - min) / mean of the repeats of one measurement
     for item in read_database(db_dir, platform):
         if isinstance(item, Record):
             n_valid += 1
+            if len(item.latencies) > 1:
+                spread.append((max(item.latencies) - min(item.latencies)) / item.latency)
             programs = valid.setdefault(item.task_id, {})
             pid = steps_id(steps_json(item.steps))
             if pid in programs:  # two traces with the same steps: one program for the featurizer
@@ -88,7 +95,7 @@ def load_platform(db_dir: str | Path, platform: str) -> dict:
     settings_path = db_dir / "collect.json"
     collect = json.loads(settings_path.read_text()) if settings_path.exists() else {}
     return {"platform": platform, "valid": valid, "failed": dict(failed), "rejected": dict(rejected),
-            "records_valid": n_valid, "duplicate_steps": duplicates, "tasks": tasks, "collect": collect}
+            "records_valid": n_valid, "duplicate_steps": duplicates, "repeat_spread": spread, "tasks": tasks, "collect": collect}
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -143,6 +150,15 @@ def _geomean(xs):
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
 
 
+def _spread_summary(spread: list[float]) -> dict:
+    """Within-measurement noise: spread of the repeats of each stored measurement."""
+    if not spread:
+        return {"median": None, "p90": None, "over_10pct": None}
+    xs = sorted(spread)
+    return {"median": _r(_median(xs)), "p90": _r(xs[int(0.9 * (len(xs) - 1))]),
+            "over_10pct": _r(sum(x > 0.10 for x in xs) / len(xs))}
+
+
 def platform_stats(d: dict) -> dict:
     valid, failed = d["valid"], d["failed"]
     n_valid = d["records_valid"]
@@ -173,6 +189,7 @@ def platform_stats(d: dict) -> dict:
                            "max": max(per_task_valid, default=0)},
         "latency_s": {"min": _r(min(lats, default=None)), "median": _r(_median(lats)),
                       "max": _r(max(lats, default=None))},
+        "repeat_spread": _spread_summary(d["repeat_spread"]),
         "per_task": {t: {"valid": len(valid.get(t, {})), "failed": failed.get(t, 0),
                          "best_s": _r(min(valid[t].values())) if valid.get(t) else None}
                      for t in tasks},
