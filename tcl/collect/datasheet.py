@@ -79,9 +79,12 @@ belongs to a held-out network ({test_networks}); the others are train/valid.
 
 ## Counts per platform
 
-| platform | records | valid | failed | failure rate | tasks | programs/task min / median | latency min .. median .. max (s) |
-|---|---:|---:|---:|---:|---:|---|---|
+| platform | records | valid | failed | failure rate | tasks | programs/task min / median | latency min .. median .. max (s) | repeat spread median / p90 / >10% |
+|---|---:|---:|---:|---:|---:|---|---|---|
 {count_rows}
+
+Repeat spread = (max − min) / mean of the {repeat} repeats of one stored measurement: the noise visible
+inside the data without measuring again.
 {duplicates_line}
 ## How different the platforms are
 
@@ -157,6 +160,12 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def _spread(s: dict | None) -> str:
+    if not s or s.get("median") is None:
+        return "–"
+    return f"{_pct(s['median'])} / {_pct(s['p90'])} / {_pct(s['over_10pct'])}"
+
+
 def _noise_section(noise: list[dict]) -> str:
     if not noise:
         return ("Not measured yet. Run `tcl dataset noise --platform P --programs 100 --out "
@@ -164,21 +173,25 @@ def _noise_section(noise: list[dict]) -> str:
     rows = ["Random valid programs measured again with the recorded settings, after the collection; "
             "relative difference = |new − old| / old.", "",
             "| platform | programs | tasks | median | p25 | p75 | p90 | p95 | max | within 5% | within 10% "
-            "| median new/old | load avg before/after | measured |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+            "| off by ≥1.5× | median new/old | other processes (cores) | measured (UTC) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for n in noise:
         pc = n.get("percentiles_rel_diff", {})
         rows.append(
             f"| {n['platform']} | {n['measured']}/{n['programs']} | {n['tasks']} | {_pct(n['median_rel_diff'])} "
             f"| {_pct(pc.get('p25'))} | {_pct(pc.get('p75'))} | {_pct(pc.get('p90'))} | {_pct(pc.get('p95'))} "
             f"| {_pct(pc.get('max'))} | {_pct(n['within_5pct'])} | {_pct(n['within_10pct'])} "
-            f"| {_fmt(n['median_ratio_new_old'])} | {n['loadavg_1_5_15_before'][0]} / {n['loadavg_1_5_15_after'][0]} "
-            f"| {n['measured_at'][:16].replace('T', ' ')} |")
+            f"| {_pct(n.get('off_by_1_5x'))} | {_fmt(n['median_ratio_new_old'])} "
+            f"| {_fmt(n.get('other_processes_cores'), '.2f')} | {n['measured_at'][:16].replace('T', ' ')} |")
     med = sorted(n["median_rel_diff"] for n in noise if n["median_rel_diff"] is not None)
     if med:
         rows += ["", f"Noise figure: the median relative difference is {_pct(med[0])}"
                  + (f"–{_pct(med[-1])}" if len(med) > 1 else "")
-                 + " of a latency; differences between programs smaller than that are not resolved."]
+                 + " of a latency; differences between programs smaller than that are not resolved. "
+                 "'Other processes' is the CPU that work other than the re-measurement used meanwhile "
+                 "(2 cores in all): a measurement that shares its cores with another process is slowed "
+                 "as a whole (on 2 threads by about 2×), which is what the 'off by ≥1.5×' share counts; "
+                 "the same happened to part of the stored data during the collection."]
     return "\n".join(rows)
 
 
@@ -219,7 +232,8 @@ def build_datasheet(stats: dict, noise: list[dict], params: dict, collect: dict[
     count_rows = "\n".join(
         f"| {p} | {x['records']} | {x['valid']} | {x['failed']} | {_pct(x['failure_rate'])} | {x['tasks']} "
         f"| {x['programs_per_task']['min']} / {x['programs_per_task']['median']:g} "
-        f"| {x['latency_s']['min']:.3g} .. {x['latency_s']['median']:.3g} .. {x['latency_s']['max']:.3g} |"
+        f"| {x['latency_s']['min']:.3g} .. {x['latency_s']['median']:.3g} .. {x['latency_s']['max']:.3g} "
+        f"| {_spread(x.get('repeat_spread'))} |"
         for p, x in pp.items())
     dups = {p: x.get("duplicate_steps", 0) for p, x in pp.items() if x.get("duplicate_steps")}
     duplicates_line = ("" if not dups else
@@ -277,7 +291,7 @@ def build_datasheet(stats: dict, noise: list[dict], params: dict, collect: dict[
         noise_section=_noise_section(noise),
         n_test=sum(is_test.values()), n_rest=len(tasks) - sum(is_test.values()),
         valid_fraction=split.get("valid_fraction", "?"), split_seed=split.get("seed", "?"),
-        noise_commands=noise_commands,
+        noise_commands=noise_commands, repeat=s0.get("repeat", "?"),
     )
 
 

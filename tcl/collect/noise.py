@@ -262,6 +262,8 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         "within_5pct": _r(sum(r <= 0.05 for r in rel) / len(rel)) if rel else None,
         "within_10pct": _r(sum(r <= 0.10 for r in rel) / len(rel)) if rel else None,
         "median_ratio_new_old": _r(statistics.median(ratio)) if ratio else None,
+        # a whole measurement taken while another process held a core: about 2x off on 2 threads
+        "off_by_1_5x": _r(sum(max(x, 1 / x) >= 1.5 for x in ratio) / len(ratio)) if ratio else None,
         "per_task_median_rel_diff": {t: _r(statistics.median(v)) for t, v in sorted(per_task.items())},
         "measured_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": round(wall, 1),
@@ -284,5 +286,6 @@ def format_noise(r: dict) -> str:
             f"  |new-old|/old: median {r['median_rel_diff']:.2%}, p25 {pc['p25']:.2%}, p75 {pc['p75']:.2%}, "
             f"p90 {pc['p90']:.2%}, p95 {pc['p95']:.2%}, max {pc['max']:.2%}; "
             f"within 5%: {r['within_5pct']:.0%}, within 10%: {r['within_10pct']:.0%}\n"
-            f"  median new/old: {r['median_ratio_new_old']:.3f}; load average before {r['loadavg_1_5_15_before']}, "
-            f"after {r['loadavg_1_5_15_after']}")
+            f"  median new/old: {r['median_ratio_new_old']:.3f}; off by >= 1.5x: {r['off_by_1_5x']:.0%}; "
+            f"other processes used {r['other_processes_cores']} cores on average (load average before "
+            f"{r['loadavg_1_5_15_before'][0]}, after {r['loadavg_1_5_15_after'][0]})")
