@@ -42,6 +42,7 @@ def test_noise_remeasures_programs_of_a_packed_database(tmp_path):
     # (a wrong replay — other tiling, no vectorisation — would be off by far more than 2x)
     assert report["median_rel_diff"] < 1.0
     assert report["machine"]["logical_cpus"] == os.cpu_count()
+    assert 0 <= report["other_processes_cores"] <= os.cpu_count() and 0 <= report["off_by_1_5x"] <= 1
 
 
 def test_noise_refuses_a_database_of_another_platform(tmp_path):
