@@ -176,8 +176,9 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         # metrics: means over platforms + per platform/network, the same top1 as the tags
         m = json.loads((root / "metrics" / f"{fam}.json").read_text())
         assert m["platforms"] == platforms
-        for key in ("top1", "top5", "pairwise", "spearman"):
+        for key in ("top1", "top5", "pairwise"):
             assert 0.0 <= m[key] <= 1.0
+        assert -1.0 <= m["spearman"] <= 1.0  # a 2-epoch model can rank a task backwards
         assert float(tags["top1"]) == pytest.approx(m["top1"])
         assert set(m["per_platform"]) == set(platforms)
         for res in m["per_platform"].values():
