@@ -145,6 +145,12 @@ def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
     if len(scores) != len(fs):
         raise ValueError(f"{len(scores)} scores for a FeatureSet of {len(fs)} programs")
     per_network = top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks)
+    split = fs.meta.get("split") or {}
+    if split.get("name") == "test" and split.get("test_networks"):
+        # Only the held-out networks are complete in a test split: a network that shares a task
+        # with them (resnet18 shares convolutions with resnet50) would be scored on a fraction
+        # of its tasks.
+        per_network = {n: m for n, m in per_network.items() if n in split["test_networks"]} or per_network
     result: dict = {}
     for k in ks:
         vals = [m[f"top{k}"] for m in per_network.values()]

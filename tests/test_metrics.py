@@ -206,3 +206,25 @@ def test_evaluate_feature_set_by_hand():
     assert (res["n_programs"], res["n_tasks"], res["n_networks"]) == (9, 3, 2)
     with pytest.raises(ValueError):
         M.evaluate(SCORES[:-1], fs)
+
+
+def test_test_split_scores_only_its_held_out_networks():
+    import numpy as np
+
+    from tcl.features import FeatureSet
+    from tcl.metrics import evaluate
+
+    # task 0 belongs to resnet50 and resnet18, task 1 only to resnet50; resnet18 is not held out
+    fs = FeatureSet(
+        x=np.zeros((4, 2, 3), np.float32), mask=np.ones((4, 2), bool), y=np.ones(4, np.float32),
+        latency=np.array([1.0, 2.0, 1.0, 4.0]), task=np.array([0, 0, 1, 1], np.int32),
+        program_id=np.array(["a", "b", "c", "d"]), tasks=["t0", "t1"], task_desc=["", ""],
+        task_weight=np.array([1.0, 1.0]), task_networks=[["resnet18", "resnet50"], ["resnet50"]],
+        platform="p", meta={"split": {"name": "test", "test_networks": ["resnet50", "bert_base"]}},
+    )
+    scores = np.array([0.0, 1.0, 1.0, 0.0])  # wrong pick in task 0 (latency 2 instead of 1), right in task 1
+    result = evaluate(scores, fs)
+    assert set(result["per_network"]) == {"resnet50"}
+    assert result["top1"] == pytest.approx((1 + 1) / (2 + 1))  # (w·best) / (w·picked) over both tasks
+    fs.meta = {}
+    assert set(evaluate(scores, fs)["per_network"]) == {"resnet18", "resnet50"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 from pathlib import Path
 
 TEMPLATE = """\
@@ -145,7 +146,7 @@ pytest tests/test_dataset.py   # invariants of the bundled data
 - Two cores: the 2-thread platforms use the whole machine; the 1-thread ones leave a core that other
   work could use.
 - Background load: other processes ran on the 2 cores during parts of the collection. The noise figure
-  above (re-measuring random programs later and comparing) quantifies how much this moved latencies.
+  above (re-measuring random programs later and comparing) quantifies how much this moved latencies.{noise_limit}
 - {ppt_target} random programs per task, no search: the best programs found by a tuner are rarer here
   than in a tuning log.
 - Operators are single anchor ops (no fusion with their neighbours), batch 1, float32, NHWC.
@@ -164,6 +165,15 @@ def _spread(s: dict | None) -> str:
     if not s or s.get("median") is None:
         return "–"
     return f"{_pct(s['median'])} / {_pct(s['p90'])} / {_pct(s['over_10pct'])}"
+
+
+def _noise_limit(noise: list[dict]) -> str:
+    parts = [f"{n['platform']} {_pct(n.get('off_by_1_5x'))}" for n in noise if n.get("off_by_1_5x") is not None]
+    if not parts:
+        return ""
+    return ("\n  Share of re-measured programs whose stored latency is off by 1.5× or more: " + ", ".join(parts)
+            + ". Labels of the affected tasks are noisy; re-measuring them on an idle machine "
+            "(`tcl dataset collect` into a fresh `dataset.out`) would remove it.")
 
 
 def _noise_section(noise: list[dict]) -> str:
@@ -192,6 +202,17 @@ def _noise_section(noise: list[dict]) -> str:
                  "(2 cores in all): a measurement that shares its cores with another process is slowed "
                  "as a whole (on 2 threads by about 2×), which is what the 'off by ≥1.5×' share counts; "
                  "the same happened to part of the stored data during the collection."]
+    for n in noise:
+        moved = {t: v for t, v in n.get("per_task_median_rel_diff", {}).items() if v is not None and v > 0.3}
+        ratios: dict[str, list[float]] = {}
+        for d in n.get("detail", []):
+            if d.get("new_s") and d.get("old_s"):
+                ratios.setdefault(d["task"], []).append(d["new_s"] / d["old_s"])
+        if moved:
+            rows += ["", f"{n['platform']}: tasks whose re-measured programs moved most, median |new − old| / old "
+                     "> 30% (median new/old in brackets; below 1 means the stored latency is the slower one): "
+                     + ", ".join(f"{t} {_pct(v)} ({statistics.median(ratios[t]):.2f})" if t in ratios else
+                                 f"{t} {_pct(v)}" for t, v in sorted(moved.items(), key=lambda kv: -kv[1])) + "."]
     return "\n".join(rows)
 
 
@@ -291,7 +312,7 @@ def build_datasheet(stats: dict, noise: list[dict], params: dict, collect: dict[
         noise_section=_noise_section(noise),
         n_test=sum(is_test.values()), n_rest=len(tasks) - sum(is_test.values()),
         valid_fraction=split.get("valid_fraction", "?"), split_seed=split.get("seed", "?"),
-        noise_commands=noise_commands, repeat=s0.get("repeat", "?"),
+        noise_commands=noise_commands, repeat=s0.get("repeat", "?"), noise_limit=_noise_limit(noise),
     )
 
 

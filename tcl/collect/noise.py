@@ -130,16 +130,18 @@ class _LoadMonitor:
     def _busy() -> float:
         import psutil
 
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+        t = psutil.cpu_times()  # guest time is already inside user/nice; steal is not ours
+        return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
     def _mine(self) -> float:
         import psutil
 
-        total = sum(self.me.cpu_times()[:2])
+        # user + system, and children_user + children_system: workers that already exited
+        # (a builder pool is shut down after each batch) are counted through their parent
+        total = sum(self.me.cpu_times()[:4])
         for child in self.me.children(recursive=True):
             try:
-                total += sum(child.cpu_times()[:2])
+                total += sum(child.cpu_times()[:4])
             except psutil.Error:
                 pass
         return total
@@ -148,6 +150,26 @@ class _LoadMonitor:
         if wall <= 0:
             return None
         return max(0.0, (self._busy() - self.busy0) - (self._mine() - self.mine0)) / wall
+
+
+def replay(workloads: list, programs: list[dict]) -> list:
+    """The scheduled IRModule of each stored program: its trace (post-processing included)
+    applied to its workload, as MetaSchedule applies a database record."""
+    use_x86_intrinsics_only()
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+    cache: dict[int, object] = {}
+    mods = []
+    for p in programs:
+        if p["wl_index"] not in cache:
+            cache[p["wl_index"]] = Workload.from_json(workloads[p["wl_index"]])
+        workload = cache[p["wl_index"]]
+        record = TuningRecord.from_json(p["body"], workload)
+        sch = Schedule(workload.mod, debug_mask=0)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        mods.append(sch.mod)
+    return mods
 
 
 def _settings(recorded: dict) -> MeasureSettings:
@@ -191,20 +213,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         raise ValueError(f"{db_dir}: no valid program to re-measure")
     chosen = random.Random(seed).sample(valid, min(n_programs, len(valid)))
 
-    use_x86_intrinsics_only()
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
-
-    wl_cache: dict[int, object] = {}
-    mods = []
-    for p in chosen:
-        if p["wl_index"] not in wl_cache:
-            wl_cache[p["wl_index"]] = Workload.from_json(workloads[p["wl_index"]])
-        workload = wl_cache[p["wl_index"]]
-        record = TuningRecord.from_json(p["body"], workload)
-        sch = Schedule(workload.mod, debug_mask=0)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
-        mods.append(sch.mod)
+    mods = replay(workloads, chosen)
 
     load_before = os.getloadavg()
     monitor = _LoadMonitor()
