@@ -28,20 +28,10 @@ MATMUL = "matmul fp32 1024"
 
 
 def default_n_features() -> int:
-    """F of the featurizer (``tcl.features``) when it says, else 64."""
-    try:
-        from tcl import features
-    except Exception:  # noqa: BLE001 - module absent or failing: fall back
-        return 64
-    for name in ("N_FEATURES", "FEATURE_DIM", "n_features", "feature_dim"):
-        v = getattr(features, name, None)
-        try:
-            v = v() if callable(v) else v
-            if v is not None and int(v) > 0:
-                return int(v)
-        except Exception:  # noqa: BLE001
-            continue
-    return 64
+    """F of the featurizer, so the benchmark times the shape the models are trained on."""
+    from tcl.features import Featurizer
+
+    return Featurizer().n_features
 
 
 def _params(params_path) -> dict:
