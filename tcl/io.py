@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -44,3 +45,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+
+
+def json_safe(obj):
+    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -17,11 +17,12 @@ The work itself is done by the same functions as `tcl train`, `tcl evaluate` and
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 import click
+
+from .io import json_safe
 
 SPLITS_DIR = "data/splits"
 DEFAULT_EXPERIMENT = "tcl-pipeline"
@@ -87,9 +88,9 @@ def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
     for h in history:
         if "train_loss" not in h:  # XGBoost rounds have no loss; not used by the pipeline
             continue
-        loss.append(_finite({"epoch": int(h["epoch"]), "train_loss": h["train_loss"], "lr": h.get("lr")}))
+        loss.append(json_safe({"epoch": int(h["epoch"]), "train_loss": h["train_loss"], "lr": h.get("lr")}))
         if "valid_top1" in h:
-            valid.append(_finite({"epoch": int(h["epoch"]), "valid_top1": h["valid_top1"],
+            valid.append(json_safe({"epoch": int(h["epoch"]), "valid_top1": h["valid_top1"],
                                   "valid_top5": h.get("valid_top5")}))
     return loss, valid
 
@@ -101,26 +102,10 @@ def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
     for platform, res in per_platform.items():
         for net, m in (res.get("per_network") or {}).items():
             for k in ("top1", "top5"):
-                rows.append(_finite({"label": f"{platform}/{net} {k}", "platform": platform,
+                rows.append(json_safe({"label": f"{platform}/{net} {k}", "platform": platform,
                                      "network": net, "metric": k, "score": m.get(k),
                                      "top1": m.get("top1"), "top5": m.get("top5")}))
     return rows
-
-
-def _finite(obj):
-    """JSON-safe: NaN/inf -> None, numpy scalars -> Python, recursively."""
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        try:
-            obj = obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +163,7 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
               **M.mean_metrics(list(per_platform.values())),
               "n_programs": sum(r["n_programs"] for r in per_platform.values()),
               "per_platform": per_platform}
-    result = _finite(result)
+    result = json_safe(result)
     atomic_write_json(out, result)
     atomic_write_json(plot, topk_rows(result["per_platform"]))
     return result

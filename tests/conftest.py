@@ -27,3 +27,30 @@ def run_tcl(*args, check=True, cwd=None, env=None):
         raise AssertionError(f"tcl {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory):
+    """A migrated MLflow SQLite store made once; each test gets a copy (migrating takes seconds)."""
+    from tcl import tracking
+
+    db = tmp_path_factory.mktemp("store-template") / "mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+        tracking.ensure_store()
+    return db
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, store_template):
+    """A fresh copy of the template store as this test's MLFLOW_TRACKING_URI; returns the URI."""
+    import sqlite3
+
+    from tcl import tracking
+
+    db = tmp_path / "registry" / "mlflow.db"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(store_template) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    return tracking.ensure_store()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import numpy as np
 import pytest
@@ -59,24 +58,6 @@ def kb(tmp_path_factory):
     return d / "kb.pt", out, model.eval()
 
 
-@pytest.fixture(scope="module")
-def store_template(tmp_path_factory):
-    """A migrated SQLite store made once; each test gets a copy (migrating takes seconds)."""
-    db = tmp_path_factory.mktemp("store-template") / "mlflow.db"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-        tracking.ensure_store()
-    return db
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, store_template):
-    db = tmp_path / "registry" / "mlflow.db"
-    db.parent.mkdir(parents=True)
-    with sqlite3.connect(store_template) as src, sqlite3.connect(db) as dst:
-        src.backup(dst)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    return tracking.ensure_store()
 
 
 def test_export_metadata_and_dynamic_axes(kb):

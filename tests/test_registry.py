@@ -38,24 +38,6 @@ def make_checkpoint(path: Path, seed: int, feature_meta: dict | None = None) -> 
     return path
 
 
-@pytest.fixture(scope="module")
-def store_template(tmp_path_factory):
-    """A migrated SQLite store made once; each test gets a copy (migrating takes seconds)."""
-    db = tmp_path_factory.mktemp("store-template") / "mlflow.db"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-        tracking.ensure_store()
-    return db
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, store_template):
-    dst = tmp_path / "registry" / "mlflow.db"
-    dst.parent.mkdir(parents=True)
-    with sqlite3.connect(store_template) as src, sqlite3.connect(dst) as out:
-        src.backup(out)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{dst}")
-    return tracking.ensure_store()
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from ..io import json_safe
+
 MODEL_KINDS = ["mamba", "mlp", "tlp", "xgb"]
 TRAIN_EXPERIMENT = "tcl-train"
 RUN_FILE = "mlflow_run.json"
@@ -56,22 +58,6 @@ def model_config(kind: str, preset: str | None, params: dict) -> dict:
     if preset:
         raise click.BadParameter(f"--preset applies to --model mamba only, not {kind}")
     return dict(models.get(kind) or {})
-
-
-def _clean(obj):
-    """JSON-safe copy: NaN/inf -> None, numpy scalars -> Python."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        try:
-            obj = obj.item()
-        except (ValueError, TypeError):
-            pass
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def _flatten(prefix: str, d: dict) -> dict:
@@ -223,8 +209,8 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
             mlflow.log_artifact(str(out_dir / "history.json"), artifact_path="checkpoint")
         summary = {"run_id": run_id, "model": kind, "preset": preset, "checkpoint": str(ckpt),
                    "artifact_uri": f"runs:/{run_id}/checkpoint/{ckpt.name}", **final}
-        atomic_write_json(out_dir / "metrics.json", _clean(summary))
-    return _clean(summary)
+        atomic_write_json(out_dir / "metrics.json", json_safe(summary))
+    return json_safe(summary)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +271,7 @@ def evaluate(model_ref, data, out, as_json):
         result = evaluate_model(model, load_sets(data))
     result["model"] = model_ref
     result["kind"] = info.get("kind")
-    result = _clean(result)
+    result = json_safe(result)
     if out:
         atomic_write_json(out, result)
     if not as_json:
@@ -322,7 +308,7 @@ def bench_train_cmd(names, data, samples, params_path, as_json):
                        params=read_params(params_path))
     click.echo(format_table(rows))
     if as_json:
-        click.echo(json.dumps(_clean(rows)))
+        click.echo(json.dumps(json_safe(rows)))
 
 
 @bench.command("predict")
@@ -344,7 +330,7 @@ def bench_predict_cmd(names, batch_sizes, seq_len, seconds, threads, naive, para
                          threads=threads, naive=naive, params_path=params_path)
     click.echo(format_table(rows))
     if as_json:
-        click.echo(json.dumps(_clean(rows)))
+        click.echo(json.dumps(json_safe(rows)))
 
 
 @bench.command("ingest")
@@ -363,4 +349,4 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_path, as_json):
     rows = bench_data(ansor_path, ms_path, n_records=n_records, workers=workers)
     click.echo(format_rows(rows))
     if as_json:
-        click.echo(json.dumps(_clean(rows)))
+        click.echo(json.dumps(json_safe(rows)))
