@@ -48,6 +48,15 @@ def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     after = (db / "database_tuning_record.json").read_text().splitlines()
     assert after[:4] == before and len(after) == 6
 
+    # a run killed mid-write leaves half a line: resuming drops it and measures that program again
+    text = (db / "database_tuning_record.json").read_text()
+    (db / "database_tuning_record.json").write_text(text[: len(text) - len(after[-1]) // 2 - 1])
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+                   "--trials", "6", "--min-repeat-ms", "1", "--json")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["present"] == 5 and summary["measured"] == 1
+    assert len(_records(db)) == 6
+
 
 def test_collect_rejects_unknown_names(tmp_path):
     proc = run_tcl("collect", "--platform", "nope", "--out", tmp_path, "--workload", "dense_64", "--trials", "1",

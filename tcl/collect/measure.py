@@ -119,11 +119,27 @@ def _target(target_json: dict):
     return Target(dict(target_json))
 
 
+def drop_partial_last_line(path: Path) -> None:
+    """Cut a line left half-written by a killed run (the database appends one line per record),
+    so resuming does not trip over it; that program is simply measured again."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        content = f.read()
+        f.truncate(content.rfind(b"\n") + 1)
+
+
 def open_database(out_dir: str | os.PathLike):
     from tvm.s_tir import meta_schedule as ms
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        drop_partial_last_line(out_dir / name)
     return ms.database.JSONDatabase(
         path_workload=str(out_dir / "database_workload.json"),
         path_tuning_record=str(out_dir / "database_tuning_record.json"),
