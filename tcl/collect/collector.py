@@ -35,6 +35,7 @@ from .measure import (
     remove_artifacts,
     run_all,
     sample_programs,
+    wait_for_quiet_cpu,
 )
 from .networks import Task
 from .workloads import build_workload, describe
@@ -118,7 +119,8 @@ def collect(
     for p in platforms:
         groups.setdefault(_target_key(p.target), []).append(p)
 
-    summary = {p.name: {"measured": 0, "present": 0, "failed": Counter()} for p in platforms}
+    summary = {p.name: {"measured": 0, "present": 0, "failed": Counter(), "waited_for_quiet_cpu_s": 0.0}
+               for p in platforms}
     bar = tqdm(total=len(tasks) * n_programs * len(platforms), disable=not progress,
                unit="meas", desc="collect")
     for t_index, task in enumerate(tasks):
@@ -144,6 +146,7 @@ def collect(
                     need = [i for i, prog in enumerate(todo) if prog[2] not in done[p.name]]
                     if rpc is None:
                         os.environ["TVM_NUM_THREADS"] = str(p.threads or 1)
+                        summary[p.name]["waited_for_quiet_cpu_s"] += wait_for_quiet_cpu(settings)
                     outcomes = run_all(runners[p.name], [mods[i] for i in need],
                                        [builds[i] for i in need], p.target)
                     for i, (secs, err) in zip(need, outcomes):

@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,11 @@ class MeasureSettings:
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
     builder_workers: int = 2
+    # Before each batch of runs, wait while other processes keep the CPU busier than this (percent
+    # of all cores, sampled while our own workers are idle): timings taken beside other work are
+    # what made the first bundled 2-thread measurements noisy. None: never wait.
+    max_busy_cpu_percent: float | None = None
+    max_wait_s: float = 1800.0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -214,6 +220,22 @@ def check_tracker(rpc: RpcSettings) -> None:
         raise ConnectionError(f"RPC tracker {where} has no server registered with key {rpc.key!r} "
                               f"(keys: {known}); start one with `python -m tvm.exec.rpc_server "
                               f"--tracker {where} --key {rpc.key}`")
+
+
+def wait_for_quiet_cpu(settings: MeasureSettings, sample_s: float = 0.5) -> float:
+    """Block until the machine is quiet enough to time programs; returns seconds waited."""
+    if settings.max_busy_cpu_percent is None:
+        return 0.0
+    import psutil
+
+    waited = 0.0
+    while psutil.cpu_percent(interval=sample_s) > settings.max_busy_cpu_percent:
+        waited += sample_s
+        if waited >= settings.max_wait_s:
+            break  # measure anyway; the noise check will show it
+        time.sleep(sample_s)
+        waited += sample_s
+    return waited
 
 
 Outcome = tuple  # (run_secs: list[float] | None, error: str | None)
