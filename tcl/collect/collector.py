@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -119,8 +118,8 @@ def collect(
     for p in platforms:
         groups.setdefault(_target_key(p.target), []).append(p)
 
-    summary = {p.name: {"measured": 0, "present": 0, "failed": Counter(), "waited_for_quiet_cpu_s": 0.0}
-               for p in platforms}
+    summary = {p.name: {"measured": 0, "present": 0, "failed": Counter(), "short_tasks": {},
+                        "waited_for_quiet_cpu_s": 0.0} for p in platforms}
     bar = tqdm(total=len(tasks) * n_programs * len(platforms), disable=not progress,
                unit="meas", desc="collect")
     for t_index, task in enumerate(tasks):
@@ -154,12 +153,13 @@ def collect(
                         commit(dbs[p.name], mod, sch.trace, secs, p.target)
                         done[p.name].add(pid)
                         summary[p.name]["measured"] += 1
-                        if err:
-                            summary[p.name]["failed"][err.split(":")[0] + ": " + err.split(":")[-1].strip()[:80]] += 1
+                        if err:  # "build: ..." / "run: ...": count by stage and TVM's last line
+                            stage, _, last = err.partition(": ")
+                            summary[p.name]["failed"][f"{stage}: {last[:80]}"] += 1
                     bar.update(len(need))
                 remove_artifacts(builds)
-        if len(programs) < n_programs:
+        if len(programs) < n_programs:  # a small design space: say so rather than loop forever
             for p in platforms:
-                summary[p.name]["failed"][f"design space of {task.name} gave only {len(programs)} distinct programs"] += 0
+                summary[p.name]["short_tasks"][task.name] = len(programs)
     bar.close()
     return {name: {**s, "failed": dict(s["failed"])} for name, s in summary.items()}

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 FAILED_RUN_SECS = 1e10  # how MetaSchedule stores a failed build/run
@@ -53,14 +53,6 @@ class RpcSettings:
     tracker_port: int
     key: str
     session_timeout_s: float = 60.0
-
-
-@dataclass
-class MeasureStats:
-    measured: int = 0
-    failed: int = 0
-    skipped_existing: int = 0
-    failures: dict = field(default_factory=dict)  # reason -> count
 
 
 def use_x86_intrinsics_only() -> None:
@@ -248,7 +240,7 @@ def build_all(builder, mods: list, target_json: dict) -> list[tuple[str | None, 
     target = _target(target_json)
     results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
     return [
-        (None, "build: " + _first_line(r.error_msg)) if r.error_msg else (r.artifact_path, None)
+        (None, "build: " + _error_summary(r.error_msg)) if r.error_msg else (r.artifact_path, None)
         for r in results
     ]
 
@@ -272,7 +264,7 @@ def run_all(runner, mods: list, builds: list, target_json: dict) -> list[Outcome
     for i, future in zip(index, runner.run(inputs) if inputs else []):
         res = future.result()
         if res.error_msg:
-            results[i] = (None, "run: " + _first_line(res.error_msg))
+            results[i] = (None, "run: " + _error_summary(res.error_msg))
         else:
             results[i] = ([float(s) for s in res.run_secs], None)
     return results
@@ -284,9 +276,9 @@ def remove_artifacts(builds: list) -> None:
             _remove_artifact(path)
 
 
-def _first_line(msg: str) -> str:
+def _error_summary(msg: str) -> str:
+    """The last non-empty line of a TVM error: its traceback ends with the most specific one."""
     lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
-    # TVM errors end with the most specific line
     return (lines[-1] if lines else "unknown")[:200]
 
 
