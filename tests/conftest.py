@@ -54,3 +54,14 @@ def store(tmp_path, monkeypatch, store_template):
         src.backup(dst)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     return tracking.ensure_store()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny tensors: one intra-op thread avoids OpenMP barrier waits on a busy 2-core box."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
