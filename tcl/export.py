@@ -26,7 +26,6 @@ The export is checked against PyTorch on random real-shaped inputs before the fi
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -59,10 +58,10 @@ def default_opset() -> int:
 
 
 def vocab_hash(vocab) -> str:
-    """Same formula as ``tcl.features.vocabulary_hash`` (sha1 of sorted-key JSON, 12 hex)."""
-    if not vocab:
-        return ""
-    return hashlib.sha1(json.dumps(vocab, sort_keys=True).encode()).hexdigest()[:12]
+    """``tcl.features.vocabulary_hash`` of `vocab`; "" when there is none."""
+    from tcl.features import vocabulary_hash
+
+    return vocabulary_hash(vocab) if vocab else ""
 
 
 def features_vocab_hash(feature_meta: dict) -> str:

@@ -9,7 +9,6 @@ indices renumbered), `tasks.json`, `collect.json`.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from ..io import atomic_path
+from .measure import program_id
 
 
 def _read_db(db_dir: Path):
@@ -28,7 +28,7 @@ def _read_db(db_dir: Path):
         except (orjson.JSONDecodeError, ValueError):
             continue  # a line cut by an interrupted writer: that program is re-measured on resume
         shash = workloads[wl_index][0]
-        pid = hashlib.sha1(orjson.dumps(body[0])).hexdigest()
+        pid = program_id(body[0])
         records.append((shash, pid, body))
     return {w[0]: w for w in workloads}, records
 
