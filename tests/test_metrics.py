@@ -228,3 +228,58 @@ def test_test_split_scores_only_its_held_out_networks():
     assert result["top1"] == pytest.approx((1 + 1) / (2 + 1))  # (w·best) / (w·picked) over both tasks
     fs.meta = {}
     assert set(evaluate(scores, fs)["per_network"]) == {"resnet18", "resnet50"}
+
+
+# -- seed summaries (tcl.summary / `tcl summarize`) ------------------------------------------
+
+
+def _result(platform, kind, top1, top5, nets=None):
+    return {"platform": platform, "kind": kind, "top1": top1, "top5": top5, "pairwise": 0.5,
+            "spearman": float("nan"), "per_network": nets or {}}
+
+
+def test_summary_mean_sd_by_hand():
+    from tcl.summary import as_metrics, format_markdown, summarize
+
+    rows = summarize([
+        _result("p", "mamba", 0.6, 0.8, {"resnet50": {"top1": 0.5, "top5": 0.7}}),
+        _result("p", "mamba", 0.4, 0.9, {"resnet50": {"top1": 0.3, "top5": 0.9}}),
+        _result("p", "tlp", 0.7, 0.7),
+        _result("q", "tlp", 0.1, 0.2),
+    ])
+    assert [(r["platform"], r["model"]) for r in rows] == [("p", "tlp"), ("p", "mamba"), ("q", "tlp")]
+    mamba = rows[1]
+    assert mamba["n_runs"] == 2
+    assert mamba["top1"]["mean"] == pytest.approx(0.5)
+    assert mamba["top1"]["sd"] == pytest.approx((0.02) ** 0.5)  # sample sd of {0.6, 0.4}
+    assert (mamba["top1"]["min"], mamba["top1"]["max"]) == (0.4, 0.6)
+    assert mamba["per_network"]["resnet50"]["top1"]["mean"] == pytest.approx(0.4)
+    assert "spearman" not in mamba  # NaN runs are left out, not averaged into NaN
+    assert rows[0]["top1"]["sd"] == 0.0  # one run
+    m = as_metrics(rows)
+    assert m["p"]["mamba"]["top1"] == 0.5 and m["q"]["tlp"]["n_runs"] == 1
+    table = format_markdown(rows)
+    assert "| p | mamba | 2 | 0.500 ± 0.141 | 0.400–0.600 |" in table
+
+
+def test_summarize_cli(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    paths = []
+    for i, t1 in enumerate((0.2, 0.4)):
+        p = tmp_path / f"m{i}.json"
+        p.write_text(json.dumps(_result("p", "xgb", t1, 0.5)))
+        paths.append(str(p))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    res = CliRunner().invoke(main, ["summarize", *paths, str(bad), "--out", str(tmp_path / "s.json")])
+    assert res.exit_code != 0 and "bad.json" in res.output
+    res = CliRunner().invoke(main, ["summarize", *paths, "--out", str(tmp_path / "s.json"),
+                                    "--plot", str(tmp_path / "plot.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s.json").read_text())["p"]["xgb"]["top1"] == pytest.approx(0.3)
+    assert json.loads((tmp_path / "plot.json").read_text()) == [{"run": "p xgb", "top1": 0.3, "top5": 0.5}]

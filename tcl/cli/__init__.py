@@ -20,7 +20,7 @@ def main() -> None:
 # area module -> names of the click commands/groups it defines
 _AREAS = {
     "tcl.cli.data": ["ingest", "featurize", "split", "collect", "hardware", "dataset"],
-    "tcl.cli.models": ["train", "evaluate", "bench"],
+    "tcl.cli.models": ["train", "evaluate", "summarize", "bench"],
     "tcl.cli.lifecycle": ["export", "register", "promote", "models", "predict"],
 }
 

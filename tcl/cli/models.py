@@ -1,4 +1,4 @@
-"""`tcl train`, `tcl evaluate`, `tcl bench {train,predict}`.
+"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest}`.
 
 Heavy libraries (torch, xgboost, mlflow) are imported inside the commands.
 """
@@ -350,3 +350,32 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_path, as_json):
     click.echo(format_rows(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))
+
+
+@click.command()
+@click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Summary JSON {platform: {model: means and spreads}} (a DVC metrics file).")
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), help="Also a Markdown table.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also flat rows for a `dvc plots` bar chart (JSON).")
+def summarize(metrics, out, md_path, plot_path):
+    """Mean ± sd over runs (seeds) of `tcl evaluate --out` METRICS files, per platform and model."""
+    from tcl.io import atomic_write_json, atomic_write_text
+    from tcl.summary import as_metrics, bar_rows, format_markdown
+    from tcl.summary import summarize as summarize_results
+
+    results = []
+    for path in metrics:
+        try:
+            results.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"{path}: not a metrics JSON file ({exc})") from exc
+    rows = summarize_results(results)
+    atomic_write_json(out, as_metrics(rows))
+    table = format_markdown(rows)
+    if md_path:
+        atomic_write_text(md_path, table)
+    if plot_path:
+        atomic_write_json(plot_path, bar_rows(rows))
+    click.echo(table, nl=False)
