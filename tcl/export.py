@@ -69,11 +69,12 @@ def features_vocab_hash(feature_meta: dict) -> str:
     return str(feature_meta.get("vocab_hash") or vocab_hash(feature_meta.get("vocab")))
 
 
-def example_inputs(batch: int, length: int, n_features: int, seed: int = 0):
-    """Random real-shaped inputs: one-hot-ish step rows with numeric args, prefix masks."""
+def example_inputs(batch: int, length: int, n_features: int, seed: int = 0, min_length: int = 1):
+    """Random real-shaped inputs: one-hot-ish step rows with numeric args, prefix masks of
+    lengths uniform in [min_length, length] (the first row full)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, length, n_features)).astype(np.float32)
-    lengths = rng.integers(1, length + 1, size=batch)
+    lengths = rng.integers(max(1, min(min_length, length)), length + 1, size=batch)
     lengths[0] = length  # at least one full sequence
     mask = np.arange(length)[None, :] < lengths[:, None]
     x[~mask] = 0.0

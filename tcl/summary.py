@@ -27,11 +27,11 @@ def _stats(values: list[float]) -> dict:
 
 
 def summarize(results: Iterable[dict]) -> list[dict]:
-    """`tcl evaluate` results -> rows {platform, model, n_runs, <metric>: {mean, sd, min, max},
+    """`tcl evaluate` results -> rows {platform, model (the result's label, else its kind), n_runs, <metric>: {mean, sd, min, max},
     per_network: {net: {top1: {...}, top5: {...}}}}, sorted by platform then mean top-1 (best first)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
-        groups[(r.get("platform") or "?", r.get("kind") or "?")].append(r)
+        groups[(r.get("platform") or "?", r.get("label") or r.get("kind") or "?")].append(r)
     rows = []
     for (platform, model), runs in groups.items():
         row = {"platform": platform, "model": model, "n_runs": len(runs)}

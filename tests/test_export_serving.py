@@ -107,6 +107,41 @@ def test_onnx_matches_pytorch(kb):
     assert pred.predict(x[:0], mask[:0]).shape == (0,)
 
 
+def test_scan_exports_as_an_onnx_loop_over_the_input_length(kb):
+    """The Mamba scan is one standard ONNX Scan node (no custom op left), and the graph runs any
+    length up to max_len without padding: cropped inputs agree with PyTorch."""
+    import onnx
+    import onnxruntime as ort
+
+    _, path, model = kb
+    proto = onnx.load(str(path))
+    assert [n.op_type for n in proto.graph.node].count("Scan") == CONFIG["n_layers"]
+    assert all(n.domain in ("", "ai.onnx") for n in proto.graph.node)
+    assert all(o.domain in ("", "ai.onnx") for o in proto.opset_import)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for length in (1, 2, 5, L):
+        x, mask = real_shaped(6, L, seed=length)
+        x, mask = np.ascontiguousarray(x[:, :length]), np.ascontiguousarray(mask[:, :length])
+        got = sess.run(None, {"x": x, "mask": mask})[0]
+        np.testing.assert_allclose(got, torch_scores(model, x, mask), rtol=0, atol=1e-5)
+
+
+def test_valid_lengths_and_length_sorted_blocks(kb):
+    from tcl.serving import valid_lengths
+
+    mask = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]], dtype=bool)
+    assert valid_lengths(mask).tolist() == [2, 0, 3, 4]
+    # rows of every length (holes and empty rows too), shuffled: blocks are cropped per length,
+    # and scores come back in input order
+    _, path, model = kb
+    x, mask = real_shaped(300, seed=11)
+    mask[::17] = False
+    mask[5::23, 1] = False
+    x[~mask] = 0.0
+    got = load_predictor(path, block=32).predict(x, mask)
+    np.testing.assert_allclose(got, torch_scores(model, x, mask), rtol=0, atol=1e-5)
+
+
 def test_softplus_rewrite_is_exact():
     import onnxruntime as ort
     from onnx import TensorProto, helper

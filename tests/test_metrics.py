@@ -246,8 +246,10 @@ def test_summary_mean_sd_by_hand():
         _result("p", "mamba", 0.4, 0.9, {"resnet50": {"top1": 0.3, "top5": 0.9}}),
         _result("p", "tlp", 0.7, 0.7),
         _result("q", "tlp", 0.1, 0.2),
+        {**_result("q", "mamba", 0.3, 0.3), "label": "d_conv2"},
     ])
-    assert [(r["platform"], r["model"]) for r in rows] == [("p", "tlp"), ("p", "mamba"), ("q", "tlp")]
+    assert [(r["platform"], r["model"]) for r in rows] == [("p", "tlp"), ("p", "mamba"), ("q", "d_conv2"),
+                                                           ("q", "tlp")]
     mamba = rows[1]
     assert mamba["n_runs"] == 2
     assert mamba["top1"]["mean"] == pytest.approx(0.5)

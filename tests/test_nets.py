@@ -70,14 +70,20 @@ def test_program_without_steps_gives_finite_score():
             assert torch.isfinite(_model(kind)(x, mask)).all(), kind
 
 
-def test_mamba_batch_blocks_equal_one_pass():
+def test_mamba_length_sorted_cropped_blocks_equal_one_pass():
+    """Inference sorts rows by valid length and crops each block: the scores are those of one
+    uncropped pass over the padded batch, in input order (holes and empty rows included)."""
     model = _model("mamba", block_rows=4)
     x, mask = _inputs(11, 7, seed=2)
+    mask[3] = False
+    mask[5, 1] = False
     with torch.no_grad():
+        whole = model._forward(x, mask)
         blocked = model(x, mask)
         model.block_rows = 0
-        whole = model(x, mask)
+        one_block = model(x, mask)
     torch.testing.assert_close(blocked, whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(one_block, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_mamba_net_scan_methods_agree():
@@ -85,7 +91,7 @@ def test_mamba_net_scan_methods_agree():
     x, mask = _inputs(4, 10, seed=5)
     outs = {}
     with torch.no_grad():
-        for m in ("ref", "fast", "parallel", "unrolled"):
+        for m in ("ref", "fast", "parallel", "unrolled", "loop"):
             model.set_scan_method(m)
             outs[m] = model(x, mask)
     for m in ("fast", "parallel", "unrolled"):
@@ -121,17 +127,24 @@ def _count(proto, op):
 @pytest.mark.parametrize("kind", list(SMALL))
 def test_onnx_export_dynamic_batch_and_length(kind):
     model = _model(kind)
-    proto, sess = _onnx(model, max_len=40)  # Mamba: the unrolled form, valid for L <= 40
-    # traced at (2, 40): other batch sizes and lengths
-    _check_onnx(model, sess, [(1, 40), (7, 31), (3, 3), (16, 17)])
+    proto, sess = _onnx(model, max_len=40)
+    # traced at (2, 40): other batch sizes and lengths, longer ones too (no length bound: the
+    # Mamba scan is an ONNX Scan loop over the input's steps)
+    _check_onnx(model, sess, [(1, 40), (7, 31), (3, 3), (16, 17), (2, 90)])
     if kind == "mamba":
-        assert _count(proto, "MatMul") >= 2 * 40  # per step and layer: C_t . h_t
-    else:  # no length bound in these graphs
-        _check_onnx(model, sess, [(2, 90)])
+        assert _count(proto, "Scan") == SMALL["mamba"]["n_layers"]
+        assert all(n.domain in ("", "ai.onnx") for n in proto.graph.node)  # placeholder lowered
 
 
-def test_mamba_onnx_doubling_scan_form():
-    model = _model("mamba", max_len=256)  # > UNROLL_MAX: exported as the doubling scan
+def test_mamba_onnx_unrolled_and_doubling_scan_forms():
+    """The torch.export fallback forms: unrolled up to the traced length, doubling beyond 128."""
+    model = _model("mamba")
+    model.set_scan_method("unrolled")
+    proto, sess = _onnx(model, max_len=40)
+    assert _count(proto, "MatMul") >= 2 * 40  # per step and layer: C_t . h_t
+    _check_onnx(model, sess, [(1, 40), (7, 31), (3, 3)])
+    model = _model("mamba", max_len=256)
+    model.set_scan_method("parallel")
     proto, sess = _onnx(model, max_len=6)
     assert _count(proto, "MatMul") < 20  # no per-step nodes
     _check_onnx(model, sess, [(1, 5), (9, 48), (2, 130), (3, 256)])

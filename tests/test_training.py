@@ -279,3 +279,24 @@ def test_bench_train_times_each_model():
     assert [r["model"] for r in rows] == ["mlp", "xgb"]
     assert all(r["samples_per_s"] > 0 and r["n_samples"] == 128 for r in rows)
     assert "mlp" in format_table(rows)
+
+
+def test_cli_train_presets_file_supplies_the_mamba_config(tmp_path, monkeypatch):
+    """`--presets FILE --preset NAME` takes the model config from FILE's models.mamba (a study's
+    own variants) while `train:` still comes from --params; an unknown preset is a clear error."""
+    import yaml
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.training import load_trained
+
+    tiny = {"d_model": 8, "n_layers": 1, "d_state": 2, "expand": 1, "d_conv": 2}
+    presets = tmp_path / "study.yaml"
+    presets.write_text(yaml.safe_dump({"models": {"mamba": {"tiny": tiny}}}))
+    params = {"train": {**TRAIN, "epochs": 1}}
+    _train_cli(tmp_path, monkeypatch, "mamba", params, ["--presets", str(presets), "--preset", "tiny"])
+    model, info = load_trained(tmp_path / "out")
+    assert info["config"]["d_model"] == 8 and info["config"]["d_conv"] == 2
+    res = CliRunner().invoke(main, ["train", "--model", "mamba", "--presets", str(presets), "--preset", "nope",
+                                    "--data", str(tmp_path / "train.npz"), "--out", str(tmp_path / "o2")])
+    assert res.exit_code != 0 and "nope" in res.output

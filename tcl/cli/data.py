@@ -279,8 +279,8 @@ def dataset_noise(platform_name, raw_root, programs, seed, out, as_json, progres
               help="Noise reports to include (glob).")
 @click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False))
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
-@click.option("--collected", default=None, help="When the data was collected (free text); default: "
-              "derived from the noise reports.")
+@click.option("--collected", default=None, help="When and how the data was collected (free text); default: "
+              "params.yaml dataset.collected, else derived from the noise reports.")
 @click.option("--out", default="data/DATASHEET.md", show_default=True, type=click.Path(dir_okay=False))
 def dataset_datasheet(stats_path, noise_glob, raw_root, params_path, collected, out) -> None:
     """Write the dataset's datasheet from the stats/noise JSON files."""
@@ -289,8 +289,10 @@ def dataset_datasheet(stats_path, noise_glob, raw_root, params_path, collected, 
     from ..collect.datasheet import write_datasheet
 
     try:
-        write_datasheet(stats_path, [Path(p) for p in glob.glob(noise_glob)], _load_params(params_path),
-                        raw_root, out, collected=collected)
+        params = _load_params(params_path)
+        collected = collected or (params.get("dataset") or {}).get("collected")
+        write_datasheet(stats_path, [Path(p) for p in glob.glob(noise_glob)], params, raw_root, out,
+                        collected=collected)
     except FileNotFoundError as exc:
         _fail(exc.args[0], 1)
     click.echo(f"wrote {out}")

@@ -45,16 +45,24 @@ def parse_overrides(items) -> dict:
     return out
 
 
-def model_config(kind: str, preset: str | None, params: dict) -> dict:
-    """The model config for `kind`: `models.<kind>` (Mamba: `models.mamba.<preset>`) of params."""
+def model_config(kind: str, preset: str | None, params: dict, presets_path: str | None = None) -> dict:
+    """The model config for `kind`: `models.<kind>` (Mamba: `models.mamba.<preset>`) of params,
+    or of the YAML file `presets_path` when given."""
+    from tcl.models.nets import load_preset
+
     models = params.get("models") or {}
     if kind == "mamba":
         preset = preset or "kb"
-        if preset in (models.get("mamba") or {}):
+        if presets_path:
+            source = presets_path
+        elif preset in (models.get("mamba") or {}):
             return dict(models["mamba"][preset])
-        from tcl.models.nets import load_preset  # falls back to the repository's params.yaml
-
-        return dict(load_preset(preset))
+        else:
+            source = "params.yaml"  # the repository's, when the working directory has none
+        try:
+            return load_preset(preset, source)
+        except KeyError as exc:
+            raise click.BadParameter(str(exc.args[0])) from None
     if preset:
         raise click.BadParameter(f"--preset applies to --model mamba only, not {kind}")
     return dict(models.get(kind) or {})
@@ -118,8 +126,11 @@ def evaluate_model(model, sets) -> dict:
 def run_train(kind: str, data: list[str], valid: list[str], test: list[str], preset: str | None,
               params_path: str | None, overrides: dict, train_overrides: dict, out: str,
               experiment: str = TRAIN_EXPERIMENT, run_name: str | None = None,
-              progress: bool | None = None) -> dict:
+              progress: bool | None = None, presets_path: str | None = None) -> dict:
     """Train one model as an MLflow run; returns a summary dict (also written to out/metrics.json).
+
+    Model configs come from `params_path`'s ``models:``, or from `presets_path`'s when given
+    (a study's own Mamba presets, while ``train:`` still comes from `params_path`).
 
     Re-running with the same `out` after an interruption resumes both the training state and the
     same MLflow run.
@@ -132,7 +143,7 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
     if kind == "mamba":
         preset = preset or "kb"
     params = read_params(params_path)
-    config = {**model_config(kind, preset, params), **overrides}
+    config = {**model_config(kind, preset, params, presets_path), **overrides}
     train_params = {**DEFAULT_TRAIN, **(params.get("train") or {}), **train_overrides}
     train_sets, valid_sets, test_sets = load_sets(data), load_sets(valid), load_sets(test)
     out_dir = Path(out)
@@ -225,7 +236,9 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
               help="Validation FeatureSet(s) for early stopping on top-1.")
 @click.option("--test", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Held-out FeatureSet(s) evaluated once at the end (logged as test_*).")
-@click.option("--preset", type=click.Choice(["kb", "ac"]), default=None, help="Mamba preset (default kb).")
+@click.option("--preset", default=None, help="Mamba preset: models.mamba.<preset> (default kb).")
+@click.option("--presets", "presets_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="YAML file whose models.mamba supplies the --preset (default: --params).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml with `models:` and `train:` sections.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a model config value.")
@@ -236,12 +249,12 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
 @click.option("--run-name", default=None, help="MLflow run name.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: on a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line last.")
-def train(kind, data, valid, test, preset, params_path, sets, train_sets, out, experiment, run_name,
-          progress, as_json):
+def train(kind, data, valid, test, preset, presets_path, params_path, sets, train_sets, out, experiment,
+          run_name, progress, as_json):
     """Train a cost model; every call is an MLflow run in the local store."""
     summary = run_train(kind, list(data), list(valid), list(test), preset, params_path,
                         parse_overrides(sets), parse_overrides(train_sets), out, experiment,
-                        run_name, progress)
+                        run_name, progress, presets_path=presets_path)
     if not as_json:
         click.echo(f"run {summary['run_id']}  checkpoint {summary['checkpoint']}")
         for key in sorted(summary):
@@ -257,8 +270,9 @@ def train(kind, data, valid, test, preset, params_path, sets, train_sets, out, e
 @click.option("--data", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="FeatureSet(s) to evaluate on (.npz).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Also write the metrics JSON here.")
+@click.option("--label", default=None, help="Name the model in the metrics (`tcl summarize` groups by it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON line last.")
-def evaluate(model_ref, data, out, as_json):
+def evaluate(model_ref, data, out, label, as_json):
     """Top-1/top-5 per held-out network, pairwise accuracy and Spearman of a trained model."""
     import tempfile
 
@@ -271,6 +285,8 @@ def evaluate(model_ref, data, out, as_json):
         result = evaluate_model(model, load_sets(data))
     result["model"] = model_ref
     result["kind"] = info.get("kind")
+    if label:
+        result["label"] = label
     result = json_safe(result)
     if out:
         atomic_write_json(out, result)

@@ -145,8 +145,8 @@ pytest tests/test_dataset.py   # invariants of the bundled data
   so they are closer to each other than different CPUs would be (compare Tenset's platforms).
 - Two cores: the 2-thread platforms use the whole machine; the 1-thread ones leave a core that other
   work could use.
-- Background load: other processes ran on the 2 cores during parts of the collection. The noise figure
-  above (re-measuring random programs later and comparing) quantifies how much this moved latencies.{noise_limit}
+- Background load: other processes on the 2 cores slow a measurement as a whole. The noise figure
+  above (re-measuring random programs later and comparing) quantifies how much latencies moved.{noise_limit}
 - {ppt_target} random programs per task, no search: the best programs found by a tuner are rarer here
   than in a tuning log.
 - Operators are single anchor ops (no fusion with their neighbours), batch 1, float32, NHWC.
@@ -167,13 +167,23 @@ def _spread(s: dict | None) -> str:
     return f"{_pct(s['median'])} / {_pct(s['p90'])} / {_pct(s['over_10pct'])}"
 
 
-def _noise_limit(noise: list[dict]) -> str:
+def _noise_limit(noise: list[dict], collect: dict) -> str:
+    guarded = [p for p, c in collect.items() if (c.get("settings") or c).get("max_busy_cpu_percent") is not None]
+    rest = [p for p in collect if p not in guarded]
+    text = ""
+    if guarded:
+        text += ("\n  Measured while waiting for a quiet CPU before each batch of runs (`max_busy_cpu_percent` in "
+                 f"collect.json): {', '.join(guarded)}.")
+    if rest:
+        text += (f" Measured before that guard existed, partly while other jobs ran (re-measured parts: see"
+                 f" 'collected' above): {', '.join(rest)}.")
     parts = [f"{n['platform']} {_pct(n.get('off_by_1_5x'))}" for n in noise if n.get("off_by_1_5x") is not None]
-    if not parts:
-        return ""
-    return ("\n  Share of re-measured programs whose stored latency is off by 1.5× or more: " + ", ".join(parts)
-            + ". Labels of the affected tasks are noisy; re-measuring them on an idle machine "
-            "(`tcl dataset collect` into a fresh `dataset.out`) would remove it.")
+    if parts:
+        text += ("\n  Share of re-measured programs whose stored latency is off by 1.5× or more: " + ", ".join(parts)
+                 + ". Part of that tail is the timing of short 2-thread and cache-sensitive runs itself "
+                 "(it is there on the guarded platforms too); re-measuring a platform on an idle machine "
+                 "(`tcl dataset collect` into a fresh `dataset.out`) removes what background load added.")
+    return text
 
 
 def _noise_section(noise: list[dict]) -> str:
@@ -312,7 +322,7 @@ def build_datasheet(stats: dict, noise: list[dict], params: dict, collect: dict[
         noise_section=_noise_section(noise),
         n_test=sum(is_test.values()), n_rest=len(tasks) - sum(is_test.values()),
         valid_fraction=split.get("valid_fraction", "?"), split_seed=split.get("seed", "?"),
-        noise_commands=noise_commands, repeat=s0.get("repeat", "?"), noise_limit=_noise_limit(noise),
+        noise_commands=noise_commands, repeat=s0.get("repeat", "?"), noise_limit=_noise_limit(noise, collect),
     )
 
 

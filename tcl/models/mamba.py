@@ -21,10 +21,14 @@ Selective-scan implementations of the same recurrence
   scan of the linear recurrence with ``ceil(log2(max_len))`` steps, valid for any
   L <= max_len, no data-dependent control flow.
 
-While ``torch.onnx`` exports, the block picks ``unrolled`` when its export length bound is
-<= ``UNROLL_MAX`` (128), else ``parallel``; both export with dynamic batch and sequence axes.
-The bound is the block's ``max_len``, or when that is None (the default) the sequence length
-the export traces with -- so trace at the featurizer's max_len (``tcl.export`` does).
+* ``loop`` -- export form for serving: a placeholder node that ``tcl.models.mamba_onnx`` lowers
+  to an ONNX ``Scan`` over exactly the input's steps (no padding, any length).
+
+Under the TorchScript ONNX exporter (``tcl.models.nets.export_onnx``) the block exports
+``loop``.  Under torch.export (the dynamo exporter, a fallback) it picks ``unrolled`` when its
+export length bound is <= ``UNROLL_MAX`` (128), else ``parallel``; all export with dynamic batch
+and sequence axes.  The bound is the block's ``max_len``, or when that is None (the default) the
+sequence length the export traces with -- so trace at the featurizer's max_len (``tcl.export`` does).
 
 On CUDA, when ``mamba_ssm`` (and optionally ``causal_conv1d``) is importable, the block
 dispatches to the official kernels; ``mamba_ssm`` stays an optional dependency.
@@ -50,7 +54,7 @@ __all__ = [
     "SCAN_METHODS",
 ]
 
-SCAN_METHODS = ("auto", "fast", "parallel", "unrolled", "ref", "cuda")
+SCAN_METHODS = ("auto", "fast", "parallel", "unrolled", "loop", "ref", "cuda")
 UNROLL_MAX = 128  # export unrolled up to this max_len, as a doubling scan beyond
 _LOG2E = 1.4426950408889634
 
@@ -79,6 +83,13 @@ def _load_cuda_kernels() -> tuple:
 
 def cuda_kernels_available() -> bool:
     return torch.cuda.is_available() and _load_cuda_kernels()[0] is not None
+
+
+def _dynamo_exporting() -> bool:
+    try:
+        return bool(torch.compiler.is_exporting())
+    except AttributeError:  # older torch
+        return False
 
 
 def _exporting() -> bool:
@@ -385,11 +396,11 @@ class Mamba(nn.Module):
 
     ``forward(x)`` takes (batch, L, d_model) like the upstream module; ``time_major=True`` takes
     and returns (L, batch, d_model), the layout the CPU fast path computes in.
-    ``scan_method``: ``auto`` (CUDA kernels when available on CUDA tensors; ``unrolled`` or
-    ``parallel`` while exporting, by ``max_len``; else ``fast``), or force ``fast`` |
-    ``parallel`` | ``unrolled`` | ``ref`` | ``cuda``.
-    ``max_len`` bounds the sequence length of the export forms (and picks between them);
-    None: the length traced at export.  Eager paths (``fast``, ``ref``) have no bound.
+    ``scan_method``: ``auto`` (CUDA kernels when available on CUDA tensors; ``loop`` under the
+    TorchScript ONNX exporter, ``unrolled`` or ``parallel`` by ``max_len`` under torch.export;
+    else ``fast``), or force ``fast`` | ``parallel`` | ``unrolled`` | ``loop`` | ``ref`` | ``cuda``.
+    ``max_len`` bounds the sequence length of the unrolled/parallel export forms (and picks
+    between them); None: the length traced at export.  ``fast``, ``loop`` and ``ref`` have no bound.
     """
 
     def __init__(
@@ -472,6 +483,8 @@ class Mamba(nn.Module):
         m = self.scan_method
         if m != "auto":
             return m
+        if torch.onnx.is_in_onnx_export() and not _dynamo_exporting():
+            return "loop"  # the TorchScript exporter: an ONNX Scan loop (tcl.models.mamba_onnx)
         if _exporting():
             L = x.shape[0] if time_major else x.shape[1]
             return "unrolled" if self._export_len(L) <= UNROLL_MAX else "parallel"
@@ -538,7 +551,7 @@ class Mamba(nn.Module):
         b_in = self.in_proj.bias
         xi = F.linear(x, w_in[:E], None if b_in is None else b_in[:E])  # (L, b, E)
         z = F.linear(x, w_in[E:], None if b_in is None else b_in[E:])
-        export = method in ("parallel", "unrolled")
+        export = method in ("parallel", "unrolled", "loop")
         xc = self._conv_tm_export(xi) if export else self._conv_tm(xi)
         xc = F.silu(xc)
         x_dbl = self.x_proj(xc)  # (L, b, R + 2N)
@@ -551,6 +564,10 @@ class Mamba(nn.Module):
             y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "unrolled":
             y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
+        elif method == "loop":
+            from tcl.models.mamba_onnx import selective_scan_placeholder
+
+            y = selective_scan_placeholder(xc, delta, A, Bm, Cm)
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:

@@ -92,9 +92,10 @@ class MambaCostModel(nn.Module):
     -> MLP head -> score.
 
     Internally time-major (L, B, d): one transpose of the input, contiguous per-step slices for
-    the scan.  In CPU inference (no autograd) large batches run in blocks of ``block_rows``
-    programs so intermediates stay in cache (same results, row by row); None: 128 per intra-op
-    thread (64..512), 0: no blocks.
+    the scan.  In CPU inference (no autograd) rows are sorted by valid length and run in blocks
+    of ``block_rows`` programs, each cropped to its longest row, so intermediates stay in cache
+    and padding is not computed (same results, row by row); None: 128 per intra-op thread
+    (64..512), 0: one block.
     """
 
     kind = "mamba"
@@ -124,14 +125,32 @@ class MambaCostModel(nn.Module):
             b.scan_method = method
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        bs = x.shape[0]
+        if (x.is_cuda or _exporting() or x.shape[0] == 0
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
+            return self._forward(x, mask)
+        return self._forward_blocks(x, mask)
+
+    def _forward_blocks(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """CPU inference: rows sorted by valid length, in blocks of ``block_rows``, each block
+        cropped to its longest row. Same scores as ``_forward``: the scan is causal and pooling
+        masked, so steps after a row's last valid one change nothing; they are just not computed."""
+        bs, L = mask.shape
         rows = self.block_rows
         if rows is None:
             rows = min(512, max(64, 128 * torch.get_num_threads()))
-        if (rows and bs > rows and not x.is_cuda and not _exporting()
-                and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
-            return torch.cat([self._forward(x[i:i + rows], mask[i:i + rows]) for i in range(0, bs, rows)])
-        return self._forward(x, mask)
+        rows = rows or bs
+        m = mask.bool()
+        lengths = torch.where(m.any(1), L - m.flip(1).int().argmax(1), 0)
+        if bs <= rows:  # one block: crop, no reordering
+            n = max(1, int(lengths.max()))
+            return self._forward(x[:, :n], mask[:, :n])
+        order = torch.argsort(lengths, stable=True)
+        out = x.new_empty(bs)
+        for i in range(0, bs, rows):
+            idx = order[i:i + rows]
+            n = max(1, int(lengths[idx[-1]]))
+            out[idx] = self._forward(x[idx, :n], mask[idx, :n])
+        return out
 
     def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.embed(x.transpose(0, 1))  # (L, B, d)
@@ -339,11 +358,17 @@ def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: 
                 dynamo: bool = False) -> None:
     """torch.onnx.export with inputs ``x``/``mask``, output ``score``, dynamic batch and length.
 
-    Traced at length `max_len`: Mamba blocks without their own ``max_len`` export a scan valid
-    for any L <= max_len (unrolled up to 128 steps, a doubling scan beyond); MLP/TLP graphs
-    take any length (TLP up to its position table).  `f` is a path or a binary file object.
+    Traced at length `max_len`. Mamba blocks export their scan as an ONNX ``Scan`` loop over the
+    input's steps (``tcl.models.mamba_onnx``; any length); under the dynamo exporter, unrolled
+    for L <= max_len (a doubling scan beyond 128). MLP/TLP graphs take any length (TLP up to its
+    position table).  `f` is a path or a binary file object.
     """
+    import io
     import warnings
+
+    import onnx
+
+    from tcl.models.mamba_onnx import lower_selective_scan
 
     model = model.eval()
     x = torch.randn(2, max_len, n_features)
@@ -357,12 +382,16 @@ def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: 
                                      opset_version=opset, dynamo=True, external_data=False,
                                      dynamic_shapes={"x": {0: batch, 1: length}, "mask": {0: batch, 1: length}})
             data = prog.model_proto.SerializeToString()
-            if hasattr(f, "write"):
-                f.write(data)
-            else:
-                Path(f).write_bytes(data)
-            return
-        torch.onnx.export(model, (x, mask), f, input_names=["x", "mask"], output_names=["score"],
-                          opset_version=opset, dynamo=False, do_constant_folding=True,
-                          dynamic_axes={"x": {0: "batch", 1: "length"}, "mask": {0: "batch", 1: "length"},
-                                        "score": {0: "batch"}})
+        else:
+            buf = io.BytesIO()
+            torch.onnx.export(model, (x, mask), buf, input_names=["x", "mask"], output_names=["score"],
+                              opset_version=opset, dynamo=False, do_constant_folding=True,
+                              dynamic_axes={"x": {0: "batch", 1: "length"},
+                                            "mask": {0: "batch", 1: "length"}, "score": {0: "batch"}})
+            proto = onnx.load_from_string(buf.getvalue())
+            lower_selective_scan(proto)  # Mamba blocks trace their scan as a placeholder node
+            data = proto.SerializeToString()
+    if hasattr(f, "write"):
+        f.write(data)
+    else:
+        Path(f).write_bytes(data)
