@@ -215,3 +215,20 @@ def test_models_learn(kind):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_bench_predict_rows_and_flops_at_mean_length():
+    from tcl.bench_predict import MATMUL, NAIVE, bench_predict, format_table, model_for
+    from tcl.models.nets import flops_per_prediction
+
+    rows = bench_predict(kinds="mamba-kb,mlp", batch_sizes=(8,), seq_len=10, n_features=F_, seconds=0.05,
+                         threads=1, params_path=REPO / "params.yaml")
+    by = {r["model"]: r for r in rows}
+    assert set(by) == {"mamba-kb", "mlp", NAIVE, MATMUL}
+    assert all(r["programs_per_s"] > 0 for r in rows if r["model"] != MATMUL)
+    kb = by["mamba-kb"]
+    full = flops_per_prediction(model_for("mamba-kb", F_, REPO / "params.yaml")[2], 10)
+    # Mamba skips padding: FLOPs at the mean valid length (lengths in [5, 10]); MLP pays for all 10
+    assert full / 2 <= kb["flops_per_prediction"] < full
+    assert by["mlp"]["flops_per_prediction"] == flops_per_prediction(model_for("mlp", F_, REPO / "params.yaml")[2], 10)
+    assert kb["speedup_vs_naive"] > 0 and "mamba-kb" in format_table(rows)

@@ -99,6 +99,7 @@ class MambaCostModel(nn.Module):
     """
 
     kind = "mamba"
+    skips_padding = True  # CPU inference computes each block only up to its longest row
 
     def __init__(self, n_features: int, d_model: int = 64, n_layers: int = 1, d_state: int = 8,
                  expand: int = 1, d_conv: int = 4, norm: str = "rms", head_hidden: Optional[int] = None,
