@@ -19,7 +19,8 @@ from tcl.export import parse_metadata
 from tcl.registry import PREFIX, TclRegistryError
 
 DEFAULT_CHUNK = 4096   # rows converted and held at once (bounds memory on large inputs)
-DEFAULT_BLOCK = 256    # rows per onnxruntime call: per-step scan tensors stay in L2 cache
+DEFAULT_BLOCK = 64     # rows per onnxruntime call: per-step scan tensors stay in L1/L2 cache
+DEFAULT_MODE = "blocks"
 DEFAULT_THREADS = 2
 MODES = ("blocks", "intra")
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -55,16 +56,17 @@ def session_options(threads: int = DEFAULT_THREADS, opt_level: str = "all", spin
 class Predictor:
     """onnxruntime session(s) plus the metadata the model was exported with.
 
-    ``mode="intra"`` (default) opens one session with ``intra_op_num_threads=threads`` and runs
-    row blocks of `block` programs one after another; ``mode="blocks"`` opens `threads`
-    single-threaded sessions that pull blocks in parallel. Blocks of 256 rows keep the scan's
-    per-step tensors in L2 and measured 10-20% faster than one call per 1024 rows; the two
-    modes measured the same on the shared 2-core machine (``tcl models bench`` sweeps both).
+    ``mode="blocks"`` (default) opens `threads` single-threaded sessions that pull row blocks of
+    `block` programs in parallel; ``mode="intra"`` opens one session with
+    ``intra_op_num_threads=threads`` and runs the blocks one after another. With the scan as an
+    ONNX loop of small per-step ops, splitting each op over threads costs more than it gains:
+    on the idle 2-core machine blocks of 64 rows measured 28k programs/s against 14-17k for
+    ``intra`` with blocks of 256 (``tcl models bench`` sweeps both).
     """
 
     def __init__(self, model: bytes | str | os.PathLike, source: str = "",
                  registry_info: dict | None = None, threads: int = DEFAULT_THREADS,
-                 chunk: int = DEFAULT_CHUNK, opt_level: str = "all", mode: str = "intra",
+                 chunk: int = DEFAULT_CHUNK, opt_level: str = "all", mode: str = DEFAULT_MODE,
                  block: int = DEFAULT_BLOCK, spin: bool = False):
         import onnxruntime as ort
 
@@ -154,6 +156,8 @@ class Predictor:
                     f"feature columns {cols.tolist()[:10]}); fix the featurizer output")
             lengths = valid_lengths(mc)
             order = np.argsort(lengths, kind="stable")
+            # small inputs: blocks small enough that every session gets one
+            blk = max(1, min(blk, -(-len(xc) // len(self.sessions))))
             blocks = [(order[j:j + blk], max(1, int(lengths[order[min(j + blk, len(order)) - 1]])))
                       for j in range(0, len(order), blk)]
             oc = out[i:i + len(xc)]
@@ -444,15 +448,14 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
         x, mask = example_inputs(big["batch"], L, F, seed=1, min_length=L // 2)
         grid = []
         configs = [  # (opt_level, mode, threads, block, spin)
-            ("all", "intra", threads, DEFAULT_BLOCK, False),  # the Predictor's defaults
-            ("basic", "intra", threads, DEFAULT_BLOCK, False),
-            ("extended", "intra", threads, DEFAULT_BLOCK, False),
-            ("all", "intra", threads, 64, False),
-            ("all", "intra", threads, DEFAULT_CHUNK, False),
+            ("all", DEFAULT_MODE, threads, DEFAULT_BLOCK, False),  # the Predictor's defaults
+            ("basic", DEFAULT_MODE, threads, DEFAULT_BLOCK, False),
+            ("all", "blocks", threads, 256, False),
+            ("all", "blocks", threads, 16, False),
+            ("all", "intra", threads, 256, False),
+            ("all", "intra", threads, DEFAULT_BLOCK, False),
             ("all", "intra", threads, DEFAULT_CHUNK, True),  # onnxruntime's own defaults
             ("all", "intra", 1, DEFAULT_BLOCK, False),
-            ("all", "blocks", threads, DEFAULT_BLOCK, False),
-            ("all", "blocks", threads, 64, False),
         ]
         for level, mode, th, blk, spin in configs:
             p = Predictor(blob, source="bench", threads=th, opt_level=level, mode=mode,
