@@ -86,6 +86,7 @@ def cuda_kernels_available() -> bool:
 
 
 def _dynamo_exporting() -> bool:
+    """True while torch.export (the dynamo ONNX exporter) traces the model."""
     try:
         return bool(torch.compiler.is_exporting())
     except AttributeError:  # older torch
@@ -94,12 +95,7 @@ def _dynamo_exporting() -> bool:
 
 def _exporting() -> bool:
     """True while torch.onnx / torch.export traces the model."""
-    if torch.onnx.is_in_onnx_export():
-        return True
-    try:
-        return bool(torch.compiler.is_exporting())
-    except AttributeError:  # older torch
-        return False
+    return torch.onnx.is_in_onnx_export() or _dynamo_exporting()
 
 
 # ---------------------------------------------------------------------------------------------
