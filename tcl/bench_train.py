@@ -71,7 +71,8 @@ def _config(name: str, params: dict) -> tuple[str, dict]:
     return name, dict(models.get(name) or {})
 
 
-def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: float, threads: int) -> dict:
+def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: float, threads: int,
+               device: str = "cpu", scan: str = "auto") -> dict:
     import torch
 
     from tcl.losses import lambdarank_loss
@@ -81,14 +82,20 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
     torch.set_num_threads(threads)
     tune_malloc()
     torch.manual_seed(0)
-    model = build_model(kind, data.x.shape[2], **config)
+    model = build_model(kind, data.x.shape[2], **config).to(device)
+    if scan != "auto" and hasattr(model, "set_scan_method"):
+        model.set_scan_method(scan)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     n_params = sum(p.numel() for p in model.parameters())
     batches = []
     for a in range(0, len(data), batch_size):
         sl = slice(a, a + batch_size)
-        batches.append((torch.from_numpy(data.x[sl]), torch.from_numpy(data.mask[sl]),
-                        torch.from_numpy(data.y[sl]), torch.from_numpy(data.task[sl].astype(np.int64))))
+        batches.append(tuple(torch.from_numpy(a).to(device) for a in
+                             (data.x[sl], data.mask[sl], data.y[sl], data.task[sl].astype(np.int64))))
+
+    def sync():  # CUDA runs asynchronously: wait for the queued kernels before reading the clock
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
 
     def step(x, m, y, t):
         loss = lambdarank_loss(model(x, m), y, t)
@@ -98,9 +105,11 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
 
     model.train()
     step(*batches[0])  # warm-up: allocator, kernels
+    sync()
     t0 = time.perf_counter()
     for b in batches:
         step(*b)
+    sync()
     seconds = time.perf_counter() - t0
     return {"samples_per_s": len(data) / seconds, "seconds": seconds, "n_params": int(n_params),
             "size_mb": n_params * 4 / 2**20}
@@ -119,8 +128,11 @@ def _bench_xgb(config: dict, data: _Arrays, threads: int, rounds: int = 10) -> d
 
 
 def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | None = None,
-                n_features: int | None = None, threads: int = 2) -> list[dict]:
-    """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape}."""
+                n_features: int | None = None, threads: int = 2, device: str = "cpu",
+                scan: str = "auto") -> list[dict]:
+    """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape,
+    device}. `device` is a torch device for the nets ("cuda" on a GPU); xgb always runs on the CPU. `scan`
+    forces the Mamba scan method (tcl.models.mamba: fast, ref, cuda, ...; auto = the block's choice)."""
     params = params or {}
     train = {**DEFAULT_PARAMS["train"], **(params.get("train") or {})}
     max_len = int((params.get("featurize") or {}).get("max_len", DEFAULT_PARAMS["featurize"]["max_len"]))
@@ -137,9 +149,11 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
         if kind == "xgb":
             r = _bench_xgb(config, data, threads)
         else:
-            r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads)
+            r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
+                           device, scan)
         rows.append({"model": name, "kind": kind, "n_samples": len(data),
-                     "shape": list(data.x.shape[1:]), "threads": threads, **r,
+                     "shape": list(data.x.shape[1:]), "threads": threads,
+                     "device": "cpu" if kind == "xgb" else str(device), "scan": scan if kind == "mamba" else None, **r,
                      "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
     return rows
 
@@ -153,6 +167,6 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['model']:10s} {r['samples_per_s']:11.0f} {r['seconds']:9.2f} {params:>10s} {size:>7s}")
     if rows:
         lines.append(f"({rows[0]['n_samples']} programs of shape {tuple(rows[0]['shape'])}, "
-                     f"{rows[0]['threads']} threads, load average {max(r['loadavg'] for r in rows):.2f}; "
+                     f"{rows[0]['threads']} threads, nets on {rows[0]['device']}, load average {max(r['loadavg'] for r in rows):.2f}; "
                      "xgb: one full fit of n_estimators rounds, nets: one epoch)")
     return "\n".join(lines)

@@ -314,14 +314,18 @@ def bench():
               help="FeatureSet to time on (default: random tensors of the featurizer's shape).")
 @click.option("--samples", default=2048, show_default=True, help="Programs per timed run.")
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device of the nets, e.g. cuda (xgb stays on the CPU).")
+@click.option("--scan", default="auto", show_default=True,
+              help="Mamba scan method: auto, fast, ref, cuda (mamba-ssm's kernel), ...")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
-def bench_train_cmd(names, data, samples, params_path, as_json):
+def bench_train_cmd(names, data, samples, params_path, device, scan, as_json):
     """Training samples/s of each model side by side (one short timed run each)."""
     from tcl.bench_train import bench_train, format_table
 
     fs = load_sets([data])[0] if data else None
     rows = bench_train([n.strip() for n in names.split(",") if n.strip()], fs=fs, n_samples=samples,
-                       params=read_params(params_path))
+                       params=read_params(params_path), device=device, scan=scan)
     click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))
