@@ -53,6 +53,27 @@ def session_options(threads: int = DEFAULT_THREADS, opt_level: str = "all", spin
     return so
 
 
+def _fuse_scans(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]:
+    """(model bytes to load, operator library to register or None, number of scans fused)."""
+    from tcl.models.mamba_onnx import fuse_selective_scan, fused_library
+
+    if fused is False:
+        return model, None, 0
+    library = fused_library()
+    if library is None:
+        if fused:
+            raise RuntimeError("fused=True but TCL's onnxruntime operator library is not built "
+                               "(reinstall tcl with a C++ compiler present: pip install -e .)")
+        return model, None, 0
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    n = fuse_selective_scan(proto)
+    if not n:
+        return model, None, 0
+    return proto.SerializeToString(), library, n
+
+
 class Predictor:
     """onnxruntime session(s) plus the metadata the model was exported with.
 
@@ -62,25 +83,34 @@ class Predictor:
     ONNX loop of small per-step ops, splitting each op over threads costs more than it gains:
     on the idle 2-core machine blocks of 64 rows measured 28k programs/s against 14-17k for
     ``intra`` with blocks of 256 (``tcl models bench`` sweeps both).
+
+    `fused`: run each Mamba scan (with its softplus, D skip and gate) as TCL's onnxruntime
+    operator instead of the exported standard-op ``Scan`` loop (``tcl.models.mamba_onnx``;
+    ~1.7x the programs/s). None (default) fuses when the operator library was built and the
+    model carries fusable scans; True insists on the library; False keeps the exported graph.
+    ``self.fused`` counts the scans fused.
     """
 
     def __init__(self, model: bytes | str | os.PathLike, source: str = "",
                  registry_info: dict | None = None, threads: int = DEFAULT_THREADS,
                  chunk: int = DEFAULT_CHUNK, opt_level: str = "all", mode: str = DEFAULT_MODE,
-                 block: int = DEFAULT_BLOCK, spin: bool = False):
+                 block: int = DEFAULT_BLOCK, spin: bool = False, fused: bool | None = None):
         import onnxruntime as ort
 
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if not isinstance(model, (bytes, bytearray)):
             model = Path(model).read_bytes()
-        model = bytes(model)
+        model, library, self.fused = _fuse_scans(bytes(model), fused)
         self.threads = max(1, int(threads))
         self.mode = mode
         n_sessions, per_session = ((self.threads, 1) if mode == "blocks" else (1, self.threads))
-        self.sessions = [ort.InferenceSession(model, session_options(per_session, opt_level, spin),
-                                              providers=["CPUExecutionProvider"])
-                         for _ in range(n_sessions)]
+        self.sessions = []
+        for _ in range(n_sessions):
+            so = session_options(per_session, opt_level, spin)
+            if library is not None:
+                so.register_custom_ops_library(str(library))
+            self.sessions.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]))
         self.session = self.sessions[0]
         meta = parse_metadata(dict(self.session.get_modelmeta().custom_metadata_map))
         missing = [k for k in ("family", "feature_version", "max_len", "n_features") if k not in meta]
@@ -105,7 +135,8 @@ class Predictor:
     def __repr__(self) -> str:
         ver = f" v{self.version}" if self.version is not None else ""
         return (f"Predictor({PREFIX}{self.family}{ver}, kind={self.kind}, "
-                f"features={self.feature_version} {self.max_len}x{self.n_features})")
+                f"features={self.feature_version} {self.max_len}x{self.n_features}, "
+                f"fused scans={self.fused})")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -383,7 +414,9 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
     with tempfile.TemporaryDirectory(prefix="tcl-bench-") as tmp:
         path = export_model(model, Path(tmp, "kb.onnx"), "bench", kind, config, fmeta)
         blob = path.read_bytes()
-    pred = Predictor(blob, source="bench", threads=threads)
+    pred = Predictor(blob, source="bench", threads=threads)  # fused scan when the library is built
+    # the exported standard-op graph (ONNX Scan loop): the baseline of the fused operator
+    pred_scan = Predictor(blob, source="bench", threads=threads, fused=False)
 
     def torch_fn(xt, mt):
         def run():
@@ -399,9 +432,10 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
             x, mask = example_inputs(int(b), L, F, seed=int(b), min_length=L // 2)
             xt, mt = torch.from_numpy(x), torch.from_numpy(mask)
             onnx_pps = _rate(lambda: pred.predict(x, mask), int(b), seconds)
+            scan_pps = _rate(lambda: pred_scan.predict(x, mask), int(b), seconds)
             torch_pps = _rate(torch_fn(xt, mt), int(b), seconds)
-            rows.append({"batch": int(b), "onnx_pps": onnx_pps, "torch_pps": torch_pps,
-                         "mean_valid_length": float(mask.sum(1).mean())})
+            rows.append({"batch": int(b), "onnx_pps": onnx_pps, "onnx_scan_pps": scan_pps,
+                         "torch_pps": torch_pps, "mean_valid_length": float(mask.sum(1).mean())})
     finally:
         torch.set_num_threads(old_threads)
     big = max(rows, key=lambda r: r["batch"])
@@ -420,8 +454,10 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
     clock = time.thread_time
     bx, bm = example_inputs(big["batch"], L, F, seed=2, min_length=L // 2)
     p1 = Predictor(blob, source="bench", threads=1)  # runs inline in this thread
+    p1_scan = Predictor(blob, source="bench", threads=1, fused=False)
     cpu = {"batch": big["batch"],
-           "onnx_pps": _rate(lambda: p1.predict(bx, bm), big["batch"], seconds, clock=clock)}
+           "onnx_pps": _rate(lambda: p1.predict(bx, bm), big["batch"], seconds, clock=clock),
+           "onnx_scan_pps": _rate(lambda: p1_scan.predict(bx, bm), big["batch"], seconds, clock=clock)}
     torch.set_num_threads(1)
     try:
         cpu["torch_pps"] = _rate(torch_fn(torch.from_numpy(bx), torch.from_numpy(bm)),
@@ -434,6 +470,7 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
 
     result = {
         "kind": kind, "config": config, "max_len": L, "n_features": F, "threads": threads,
+        "fused_scans": pred.fused,
         "params": int(sum(p.numel() for p in model.parameters())),
         "rows": rows, "flops_per_prediction": fl, "mean_valid_length": mean_len,
         "flops_per_prediction_full_length": fl_full, "onnx_pps_full_length": full_pps,
@@ -494,11 +531,15 @@ def format_bench(res: dict) -> str:
         f"{res['flops_per_prediction_full_length']:.3g} at {res['max_len']}",
         f"fp32 matmul {mm['n']}^3 ({mm['threads']} threads): torch {mm['torch']:.1f} GFLOP/s, "
         f"onnxruntime {mm['onnxruntime']:.1f} GFLOP/s",
-        f"{'batch':>6} {'onnx prog/s':>13} {'torch prog/s':>13} {'onnx/torch':>10}",
+        f"onnx: {res.get('fused_scans', 0)} scan(s) fused into TCL's operator; onnx-scan: the "
+        "exported standard-op graph (ONNX Scan loop), same run",
+        f"{'batch':>6} {'onnx prog/s':>13} {'onnx-scan':>11} {'torch prog/s':>13} "
+        f"{'onnx/scan':>9} {'onnx/torch':>10}",
     ]
     big_batch = max(r["batch"] for r in res["rows"])
     for r in res["rows"]:
-        lines.append(f"{r['batch']:>6} {r['onnx_pps']:>13,.0f} {r['torch_pps']:>13,.0f} "
+        lines.append(f"{r['batch']:>6} {r['onnx_pps']:>13,.0f} {r['onnx_scan_pps']:>11,.0f} "
+                     f"{r['torch_pps']:>13,.0f} {r['onnx_pps'] / r['onnx_scan_pps']:>9.2f} "
                      f"{r['onnx_pps'] / r['torch_pps']:>10.2f}")
     lines.append(f"ONNX at batch {max(r['batch'] for r in res['rows'])}: "
                  f"{res['onnx_gflops_at_max_batch']:.2f} GFLOP/s = "
@@ -509,7 +550,7 @@ def format_bench(res: dict) -> str:
                  f"{res['onnx_pps_full_length']:,.0f} prog/s")
     cm = cpu["matmul_gflops"]
     lines.append(f"per CPU-second, 1 thread, batch {cpu['batch']}: onnx {cpu['onnx_pps']:,.0f} "
-                 f"prog/s, torch {cpu['torch_pps']:,.0f} prog/s; matmul {cm['peak']:.1f} GFLOP/s; "
+                 f"prog/s, onnx-scan {cpu['onnx_scan_pps']:,.0f} prog/s, torch {cpu['torch_pps']:,.0f} prog/s; matmul {cm['peak']:.1f} GFLOP/s; "
                  f"onnx {cpu['onnx_gflops']:.2f} GFLOP/s = "
                  f"{100 * cpu['fraction_of_matmul_peak']:.1f}% of it")
     for g in res.get("sweep", []):

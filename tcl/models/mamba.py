@@ -21,8 +21,9 @@ Selective-scan implementations of the same recurrence
   scan of the linear recurrence with ``ceil(log2(max_len))`` steps, valid for any
   L <= max_len, no data-dependent control flow.
 
-* ``loop`` -- export form for serving: a placeholder node that ``tcl.models.mamba_onnx`` lowers
-  to an ONNX ``Scan`` over exactly the input's steps (no padding, any length).
+* ``loop`` -- export form for serving: one placeholder node for softplus, scan, D skip and gate,
+  which ``tcl.models.mamba_onnx`` lowers to an ONNX ``Scan`` over exactly the input's steps (no
+  padding, any length) and ``tcl.serving`` fuses back into TCL's onnxruntime operator.
 
 Under the TorchScript ONNX exporter (``tcl.models.nets.export_onnx``) the block exports
 ``loop``.  Under torch.export (the dynamo exporter, a fallback) it picks ``unrolled`` when its
@@ -387,6 +388,73 @@ def selective_scan(
 # the block
 
 
+class _SelectiveScanPlaceholder(torch.autograd.Function):
+    """Eager: softplus, sequential scan, D skip and gate; under the TorchScript ONNX exporter: one
+    ``tcl.SelectiveScan`` node (``tcl.models.mamba_onnx`` lowers it to standard ops)."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z):
+        y = _scan_forward(u, F.softplus(delta), A, B, C)[0]
+        return torch.addcmul(y, u, D) * F.silu(z)
+
+    @staticmethod
+    def symbolic(g, u, delta, A, B, C, D, z):
+        from tcl.models.mamba_onnx import DOMAIN, OP_TYPE
+
+        out = g.op(f"{DOMAIN}::{OP_TYPE}", u, delta, A, B, C, D, z, delta_softplus_i=1)
+        out.setType(u.type())
+        return out
+
+
+def selective_scan_placeholder(u, delta, A, B, C, D, z):
+    """u, delta (before softplus), z (L, b, E); A (E, N); B, C (L, b, N); D (E,) -> y (L, b, E),
+    as mamba-ssm's ``selective_scan_fn(..., delta_softplus=True)`` time-major. Exports as one
+    ``tcl.SelectiveScan`` node that ``tcl.models.mamba_onnx.lower_selective_scan`` replaces by
+    standard ops."""
+    return _SelectiveScanPlaceholder.apply(u, delta, A, B, C, D, z)
+
+
+def _causal_conv_shifted(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Depthwise causal conv along dim 0 of x (L, b, E) with taps w (K, E): pad K-1 steps in
+    front, add K shifted slices times their tap."""
+    K, L = w.shape[0], x.shape[0]
+    xp = F.pad(x, [0, 0, 0, 0, K - 1, 0])
+    out = xp[K - 1:] * w[K - 1]
+    if bias is not None:
+        out = out + bias
+    for k in range(K - 1):
+        out = out + xp[k:k + L] * w[k]
+    return out
+
+
+class _CausalConvPlaceholder(torch.autograd.Function):
+    """Eager: silu(causal conv); under the TorchScript ONNX exporter: one ``tcl.CausalConv1d``
+    node (``tcl.models.mamba_onnx`` lowers it to standard ops)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, kernel_size):
+        # F.conv1d, not _causal_conv_shifted: the tracer records this body too, and the shifted
+        # slices' trace broke the TorchScript exporter when a second placeholder followed
+        L, E = x.shape[0], x.shape[2]
+        y = F.conv1d(x.permute(1, 2, 0), w.t().unsqueeze(1), bias, padding=kernel_size - 1, groups=E)
+        return F.silu(y[..., :L].permute(2, 0, 1))
+
+    @staticmethod
+    def symbolic(g, x, w, bias, kernel_size):
+        from tcl.models.mamba_onnx import CONV_OP_TYPE, DOMAIN
+
+        inputs = (x, w) if bias is None else (x, w, bias)
+        out = g.op(f"{DOMAIN}::{CONV_OP_TYPE}", *inputs, silu_i=1, kernel_size_i=int(kernel_size))
+        out.setType(x.type())
+        return out
+
+
+def causal_conv1d_placeholder(x, w, bias):
+    """silu(depthwise causal conv) of x (L, b, E) with taps w (K, E) and bias (E,) or None.
+    Exports as one ``tcl.CausalConv1d`` node (lowered like ``tcl.SelectiveScan``)."""
+    return _CausalConvPlaceholder.apply(x, w, bias, int(w.shape[0]))
+
+
 class Mamba(nn.Module):
     """Mamba block with mamba_ssm's parameters: in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj.
 
@@ -512,17 +580,9 @@ class Mamba(nn.Module):
         return out
 
     def _conv_tm_export(self, x: torch.Tensor) -> torch.Tensor:
-        """The causal conv for export: pad K-1 steps in front, K shifted slices (no Conv op and
-        no transposes in the graph; the slices follow the dynamic length)."""
-        w = self.conv1d.weight[:, 0, :].t()  # (K, E)
-        K, L = w.shape[0], x.shape[0]
-        xp = F.pad(x, [0, 0, 0, 0, K - 1, 0])
-        out = xp[K - 1:] * w[K - 1]
-        if self.conv1d.bias is not None:
-            out = out + self.conv1d.bias
-        for k in range(K - 1):
-            out = out + xp[k:k + L] * w[k]
-        return out
+        """The causal conv for torch.export: pad K-1 steps in front, K shifted slices (no Conv op
+        and no transposes in the graph; the slices follow the dynamic length)."""
+        return _causal_conv_shifted(x, self.conv1d.weight[:, 0, :].t(), self.conv1d.bias)
 
     # -- forward --------------------------------------------------------------------------
 
@@ -548,22 +608,22 @@ class Mamba(nn.Module):
         xi = F.linear(x, w_in[:E], None if b_in is None else b_in[:E])  # (L, b, E)
         z = F.linear(x, w_in[E:], None if b_in is None else b_in[E:])
         export = method in ("parallel", "unrolled", "loop")
-        xc = self._conv_tm_export(xi) if export else self._conv_tm(xi)
-        xc = F.silu(xc)
+        if method == "loop":  # conv + silu as one placeholder node (tcl.CausalConv1d)
+            xc = causal_conv1d_placeholder(xi, self.conv1d.weight[:, 0, :].t(), self.conv1d.bias)
+        else:
+            xc = F.silu(self._conv_tm_export(xi) if export else self._conv_tm(xi))
         x_dbl = self.x_proj(xc)  # (L, b, R + 2N)
         dt, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
         delta = self.dt_proj(dt)  # (L, b, E)
+        A = -torch.exp(self.A_log.float())
+        if method == "loop":  # softplus, scan, D skip and gate in one placeholder node
+            return self.out_proj(selective_scan_placeholder(xc, delta, A, Bm, Cm, self.D, z))
         # onnxruntime's Softplus kernel is ~10x slower than this equivalent (|error| < 1e-7)
         delta = F.relu(delta) + torch.log1p(torch.exp(-delta.abs())) if export else F.softplus(delta)
-        A = -torch.exp(self.A_log.float())
         if method == "parallel":
             y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "unrolled":
             y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
-        elif method == "loop":
-            from tcl.models.mamba_onnx import selective_scan_placeholder
-
-            y = selective_scan_placeholder(xc, delta, A, Bm, Cm)
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:

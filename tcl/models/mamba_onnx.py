@@ -1,48 +1,45 @@
-"""The selective scan as an ONNX ``Scan`` loop: one graph for every sequence length.
+"""The selective scan in ONNX: one graph for every sequence length, standard ops or one fused op.
 
 The unrolled export form (``scan_unrolled_tm``) pads every input to the traced length, so a batch
 of 30-step programs pays for 48 steps. Here the export traces a placeholder node
-``tcl.SelectiveScan(u, delta, A, B, C)`` (time-major, as ``scan_sequential_tm``) and
-:func:`lower_selective_scan` replaces it with standard ops: the per-step inputs are prepared once
-over all steps, then an ONNX ``Scan`` runs the recurrence
+(``tcl.models.mamba.selective_scan_placeholder``)
 
-    h_t = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t,      y_t = C_t . h_t
+    tcl.SelectiveScan(u, delta, A, B, C, D, z; delta_softplus=1)  ->  y        (time-major)
 
-for exactly as many steps as the input has, with the state (b, N, E) as its loop-carried value.
-Together with length-sorted blocks in the server (``tcl.serving``), a block of short programs
-costs only its own length.
+with the semantics of mamba-ssm's ``selective_scan_fn(..., delta_softplus=True)``:
+
+    delta_t = softplus(delta_t)
+    h_t = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t,      y_t = (C_t . h_t + D u_t) * silu(z_t)
+
+and :func:`lower_selective_scan` replaces it with standard ops, so any ONNX runtime runs the
+exported file: the per-step inputs are prepared once over all steps, then an ONNX ``Scan`` runs
+the recurrence for exactly as many steps as the input has, with the state (b, N, E) as its
+loop-carried value. Together with length-sorted blocks in the server (``tcl.serving``), a block of
+short programs costs only its own length.
+
+The lowered nodes keep a record of the node they replace, and :func:`fuse_selective_scan` puts
+that node back: onnxruntime then runs it as one CPU operator from TCL's own library
+(``tcl/csrc/selective_scan_op.cc``, built at install; :func:`fused_library`), a single pass per
+row instead of a dozen small ops per step.
+
+No torch here: the server (``tcl.serving``) fuses graphs without importing it.
 """
 
 from __future__ import annotations
 
-import torch
+import json
+import re
+from pathlib import Path
 
-__all__ = ["selective_scan_placeholder", "lower_selective_scan", "DOMAIN", "OP_TYPE"]
+__all__ = ["lower_selective_scan", "fuse_selective_scan", "fused_library", "DOMAIN", "OP_TYPE",
+           "CONV_OP_TYPE"]
 
 DOMAIN = "tcl"
 OP_TYPE = "SelectiveScan"
-
-
-class _SelectiveScanOp(torch.autograd.Function):
-    """Eager: the sequential scan; under the TorchScript ONNX exporter: one placeholder node."""
-
-    @staticmethod
-    def forward(ctx, u, delta, A, B, C):
-        from tcl.models.mamba import _scan_forward
-
-        return _scan_forward(u, delta, A, B, C)[0]
-
-    @staticmethod
-    def symbolic(g, u, delta, A, B, C):
-        out = g.op(f"{DOMAIN}::{OP_TYPE}", u, delta, A, B, C)
-        out.setType(u.type())
-        return out
-
-
-def selective_scan_placeholder(u, delta, A, B, C):
-    """(L, b, E) like ``scan_sequential_tm``; exports as a ``tcl.SelectiveScan`` node that
-    :func:`lower_selective_scan` must replace before onnxruntime can run the graph."""
-    return _SelectiveScanOp.apply(u, delta, A, B, C)
+CONV_OP_TYPE = "CausalConv1d"
+INPUTS = ("u", "delta", "A", "B", "C", "D", "z")
+_PREFIX = re.compile(r"^tcl_(scan|conv)(\d+)_")
+_MARK = "tcl.fusable"  # key of the JSON record in a lowered group's first node's doc_string
 
 
 def _body(prefix: str, a_t: str):
@@ -64,57 +61,195 @@ def _body(prefix: str, a_t: str):
                              [vi("h_next"), vi("y_t")])
 
 
-def _lowered(node, prefix: str) -> list:
-    """Standard-op nodes computing `node`'s output (L, b, E) from its inputs."""
-    from onnx import TensorProto, helper
+def _attr_int(node, name: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == name:
+            return int(a.i)
+    return default
 
-    u, delta, A, B, C = node.input
+
+class _Builder:
+    """Makes the nodes of one lowered group: every name starts with `prefix`."""
+
+    def __init__(self, prefix: str):
+        from onnx import TensorProto, helper
+
+        self.prefix, self.helper, self.tp = prefix, helper, TensorProto
+
+    def t(self, s: str) -> str:
+        return self.prefix + s
+
+    def op(self, kind, inputs, out, **kw):
+        return self.helper.make_node(kind, inputs, [self.t(out)], name=self.t(out), **kw)
+
+    def const(self, name, dtype, dims, vals):
+        h = self.helper
+        return h.make_node("Constant", [], [self.t(name)], name=self.t(name),
+                           value=h.make_tensor(self.t(name) + "_value", dtype, dims, vals))
+
+
+def _lower_scan(node, prefix: str) -> list:
+    """Standard-op nodes computing a SelectiveScan node's output (L, b, E) from its inputs."""
+    from onnx import helper
+
+    nb = _Builder(prefix)
+    t, op, F, I64 = nb.t, nb.op, nb.tp.FLOAT, nb.tp.INT64
+    ins = list(node.input) + [""] * (len(INPUTS) - len(node.input))
+    u, delta, A, B, C, D, z = ins
     y = node.output[0]
-
-    def t(s: str) -> str:
-        return prefix + s
-
-    def const(name, dtype, dims, vals):
-        return helper.make_node("Constant", [], [t(name)], name=t(name),
-                                value=helper.make_tensor(t(name) + "_value", dtype, dims, vals))
-
-    return [
-        const("axis2", TensorProto.INT64, [1], [2]),
-        const("axis3", TensorProto.INT64, [1], [3]),
-        const("first", TensorProto.INT64, [], [0]),
-        const("zero", TensorProto.FLOAT, [], [0.0]),
-        helper.make_node("Transpose", [A], [t("At")], perm=[1, 0], name=t("At")),           # (N, E)
-        helper.make_node("Unsqueeze", [delta, t("axis2")], [t("dl")], name=t("dl")),        # (L,b,1,E)
-        helper.make_node("Mul", [delta, u], [t("du3")], name=t("du3")),
-        helper.make_node("Unsqueeze", [t("du3"), t("axis2")], [t("du")], name=t("du")),     # (L,b,1,E)
-        helper.make_node("Unsqueeze", [B, t("axis3")], [t("Bn")], name=t("Bn")),            # (L,b,N,1)
-        helper.make_node("Unsqueeze", [C, t("axis2")], [t("Cn")], name=t("Cn")),            # (L,b,1,N)
+    nodes = [nb.const("axis2", I64, [1], [2]), nb.const("axis3", I64, [1], [3]),
+             nb.const("first", I64, [], [0]), nb.const("zero", F, [], [0.0])]
+    if _attr_int(node, "delta_softplus", 0):
+        # relu(x) + log(1 + exp(-|x|)): exact to < 1e-7, ~10x faster than onnxruntime's Softplus
+        nodes += [nb.const("one", F, [], [1.0]),
+                  op("Relu", [delta], "sp_relu"), op("Abs", [delta], "sp_abs"),
+                  op("Neg", [t("sp_abs")], "sp_neg"), op("Exp", [t("sp_neg")], "sp_exp"),
+                  op("Add", [t("sp_exp"), t("one")], "sp_1p"), op("Log", [t("sp_1p")], "sp_log"),
+                  op("Add", [t("sp_relu"), t("sp_log")], "delta")]
+        delta = t("delta")
+    nodes += [
+        op("Transpose", [A], "At", perm=[1, 0]),                     # (N, E)
+        op("Unsqueeze", [delta, t("axis2")], "dl"),                  # (L,b,1,E)
+        op("Mul", [delta, u], "du3"),
+        op("Unsqueeze", [t("du3"), t("axis2")], "du"),               # (L,b,1,E)
+        op("Unsqueeze", [B, t("axis3")], "Bn"),                      # (L,b,N,1)
+        op("Unsqueeze", [C, t("axis2")], "Cn"),                      # (L,b,1,N)
         # h_{-1} = zeros (b, N, E), shaped by broadcasting zeros (b,1,E) + zeros (N,E)
-        helper.make_node("Gather", [t("dl"), t("first")], [t("dl0")], axis=0, name=t("dl0")),
-        helper.make_node("Mul", [t("dl0"), t("zero")], [t("zb")], name=t("zb")),
-        helper.make_node("Mul", [t("At"), t("zero")], [t("zne")], name=t("zne")),
-        helper.make_node("Add", [t("zb"), t("zne")], [t("h0")], name=t("h0")),
+        op("Gather", [t("dl"), t("first")], "dl0", axis=0),
+        op("Mul", [t("dl0"), t("zero")], "zb"),
+        op("Mul", [t("At"), t("zero")], "zne"),
+        op("Add", [t("zb"), t("zne")], "h0"),
         helper.make_node("Scan", [t("h0"), t("dl"), t("du"), t("Bn"), t("Cn")], [t("hT"), t("Y")],
                          num_scan_inputs=4, body=_body(prefix, t("At")), name=t("scan")),
-        helper.make_node("Squeeze", [t("Y"), t("axis2")], [y], name=t("y")),               # (L,b,E)
+        op("Squeeze", [t("Y"), t("axis2")], "Ys"),                  # (L,b,E)
     ]
+    out = t("Ys")
+    if D:
+        nodes += [op("Mul", [u, D], "Du"), op("Add", [out, t("Du")], "yD")]
+        out = t("yD")
+    if z:
+        nodes += [op("Sigmoid", [z], "zsig"), op("Mul", [z, t("zsig")], "silu"),
+                  helper.make_node("Mul", [out, t("silu")], [y], name=t("y"))]
+    else:
+        nodes.append(helper.make_node("Identity", [out], [y], name=t("y")))
+    return nodes
+
+
+def _lower_conv(node, prefix: str) -> list:
+    """Standard-op nodes of a CausalConv1d node: pad K-1 steps in front, K shifted slices times
+    their tap (the slice ends count from the end, so the graph follows the dynamic length)."""
+    from onnx import helper
+
+    nb = _Builder(prefix)
+    t, op, I64 = nb.t, nb.op, nb.tp.INT64
+    x, w = node.input[0], node.input[1]
+    bias = node.input[2] if len(node.input) > 2 else ""
+    y = node.output[0]
+    K = _attr_int(node, "kernel_size", 0)
+    if K < 1:
+        raise ValueError(f"{node.name or CONV_OP_TYPE}: kernel_size attribute missing")
+    nodes = [nb.const("pads", I64, [6], [K - 1, 0, 0, 0, 0, 0]), nb.const("axis0", I64, [1], [0]),
+             op("Pad", [x, t("pads")], "xp")]
+    out = None
+    for k in range(K):
+        nodes += [nb.const(f"start{k}", I64, [1], [k]),
+                  nb.const(f"end{k}", I64, [1], [k - (K - 1) if k < K - 1 else 2**62]),
+                  nb.const(f"tap{k}", I64, [], [k]),
+                  op("Slice", [t("xp"), t(f"start{k}"), t(f"end{k}"), t("axis0")], f"xs{k}"),
+                  op("Gather", [w, t(f"tap{k}")], f"w{k}", axis=0),
+                  op("Mul", [t(f"xs{k}"), t(f"w{k}")], f"p{k}")]
+        if out is None:
+            out = t(f"p{k}")
+        else:
+            nodes.append(op("Add", [out, t(f"p{k}")], f"s{k}"))
+            out = t(f"s{k}")
+    if bias:
+        nodes.append(op("Add", [out, bias], "biased"))
+        out = t("biased")
+    if _attr_int(node, "silu", 0):
+        nodes += [op("Sigmoid", [out], "sig"), helper.make_node("Mul", [out, t("sig")], [y], name=t("y"))]
+    else:
+        nodes.append(helper.make_node("Identity", [out], [y], name=t("y")))
+    return nodes
+
+
+_LOWERINGS = {OP_TYPE: ("scan", _lower_scan), CONV_OP_TYPE: ("conv", _lower_conv)}
 
 
 def lower_selective_scan(proto) -> int:
-    """Replace every ``tcl.SelectiveScan`` node of `proto` (in place) by standard ONNX ops and
-    drop the ``tcl`` opset import; returns the number of nodes replaced."""
+    """Replace every TCL placeholder node of `proto` (``tcl.SelectiveScan``, ``tcl.CausalConv1d``;
+    in place) by standard ONNX ops and drop the ``tcl`` opset import; returns the number of
+    nodes replaced. Each lowered group keeps a record of its node for :func:`fuse_selective_scan`."""
     g = proto.graph
-    nodes, count = [], 0
+    nodes, counts = [], {}
     for node in g.node:
-        if node.op_type == OP_TYPE and node.domain == DOMAIN:
-            nodes += _lowered(node, f"tcl_scan{count}_")
-            count += 1
+        if node.domain == DOMAIN and node.op_type in _LOWERINGS:
+            tag, lower = _LOWERINGS[node.op_type]
+            group = lower(node, f"tcl_{tag}{counts.get(tag, 0)}_")
+            counts[tag] = counts.get(tag, 0) + 1
+            group[0].doc_string = json.dumps({_MARK: {
+                "op_type": node.op_type, "inputs": list(node.input), "output": node.output[0],
+                "attributes": {a.name: int(a.i) for a in node.attribute}}})
+            nodes += group
         else:
             nodes.append(node)
+    count = sum(counts.values())
     if count:
         del g.node[:]
         g.node.extend(nodes)
-        keep = [op for op in proto.opset_import if op.domain != DOMAIN]
-        del proto.opset_import[:]
-        proto.opset_import.extend(keep)
+        _set_opset(proto, keep_tcl=False)
     return count
+
+
+def _set_opset(proto, keep_tcl: bool) -> None:
+    from onnx import helper
+
+    keep = [op for op in proto.opset_import if op.domain != DOMAIN]
+    del proto.opset_import[:]
+    proto.opset_import.extend(keep)
+    if keep_tcl:
+        proto.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def fuse_selective_scan(proto) -> int:
+    """Undo :func:`lower_selective_scan` on `proto` (in place): each lowered group that carries
+    its record becomes its ``tcl`` node again. Returns the number of nodes fused; 0 for graphs
+    exported before the records existed, which then keep their standard ops."""
+    from onnx import helper
+
+    records: dict[str, dict] = {}
+    for node in proto.graph.node:
+        m = _PREFIX.match(node.name)
+        if m and node.doc_string and m.group(0) not in records:
+            rec = json.loads(node.doc_string).get(_MARK)
+            if rec:
+                records[m.group(0)] = rec
+    if not records:
+        return 0
+    nodes, placed = [], set()
+    for node in proto.graph.node:
+        m = _PREFIX.match(node.name)
+        if not (m and m.group(0) in records):
+            nodes.append(node)
+        elif m.group(0) not in placed:  # the group's first node: its fused node takes the place
+            placed.add(m.group(0))
+            rec = records[m.group(0)]
+            nodes.append(helper.make_node(rec["op_type"], rec["inputs"], [rec["output"]], domain=DOMAIN,
+                                          name=m.group(0) + "fused", **rec["attributes"]))
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    _set_opset(proto, keep_tcl=True)
+    return len(placed)
+
+
+def fused_library() -> Path | None:
+    """Path of TCL's onnxruntime operator library (built by ``pip install`` from
+    ``tcl/csrc/selective_scan_op.cc``), or None where it was not built (no C++ compiler)."""
+    import importlib.machinery
+
+    here = Path(__file__).resolve().parents[1]
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = here / f"_ortops{suffix}"
+        if p.is_file():
+            return p
+    return None
