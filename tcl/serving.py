@@ -53,8 +53,8 @@ def session_options(threads: int = DEFAULT_THREADS, opt_level: str = "all", spin
     return so
 
 
-def _fuse_scans(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]:
-    """(model bytes to load, operator library to register or None, number of scans fused)."""
+def _fuse_ops(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]:
+    """(model bytes to load, operator library to register or None, number of nodes fused)."""
     from tcl.models.mamba_onnx import fuse_selective_scan, fused_library
 
     if fused is False:
@@ -84,11 +84,11 @@ class Predictor:
     on the idle 2-core machine blocks of 64 rows measured 28k programs/s against 14-17k for
     ``intra`` with blocks of 256 (``tcl models bench`` sweeps both).
 
-    `fused`: run each Mamba scan (with its softplus, D skip and gate) as TCL's onnxruntime
-    operator instead of the exported standard-op ``Scan`` loop (``tcl.models.mamba_onnx``;
-    ~1.7x the programs/s). None (default) fuses when the operator library was built and the
-    model carries fusable scans; True insists on the library; False keeps the exported graph.
-    ``self.fused`` counts the scans fused.
+    `fused`: run each Mamba block's causal conv and selective scan (with its softplus, D skip and
+    gate) as TCL's onnxruntime operators (``tcl/csrc/ortops.cc``) instead of the standard ops
+    they were exported as (``tcl.models.mamba_onnx``; ~1.9x the programs/s). None (default)
+    fuses when the operator library was built and the model carries fusable groups; True
+    insists on the library; False keeps the exported graph. ``self.fused`` counts the nodes.
     """
 
     def __init__(self, model: bytes | str | os.PathLike, source: str = "",
@@ -101,7 +101,7 @@ class Predictor:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if not isinstance(model, (bytes, bytearray)):
             model = Path(model).read_bytes()
-        model, library, self.fused = _fuse_scans(bytes(model), fused)
+        model, library, self.fused = _fuse_ops(bytes(model), fused)
         self.threads = max(1, int(threads))
         self.mode = mode
         n_sessions, per_session = ((self.threads, 1) if mode == "blocks" else (1, self.threads))
@@ -136,7 +136,7 @@ class Predictor:
         ver = f" v{self.version}" if self.version is not None else ""
         return (f"Predictor({PREFIX}{self.family}{ver}, kind={self.kind}, "
                 f"features={self.feature_version} {self.max_len}x{self.n_features}, "
-                f"fused scans={self.fused})")
+                f"fused ops={self.fused})")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -470,7 +470,7 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
 
     result = {
         "kind": kind, "config": config, "max_len": L, "n_features": F, "threads": threads,
-        "fused_scans": pred.fused,
+        "fused_ops": pred.fused,
         "params": int(sum(p.numel() for p in model.parameters())),
         "rows": rows, "flops_per_prediction": fl, "mean_valid_length": mean_len,
         "flops_per_prediction_full_length": fl_full, "onnx_pps_full_length": full_pps,
@@ -531,8 +531,8 @@ def format_bench(res: dict) -> str:
         f"{res['flops_per_prediction_full_length']:.3g} at {res['max_len']}",
         f"fp32 matmul {mm['n']}^3 ({mm['threads']} threads): torch {mm['torch']:.1f} GFLOP/s, "
         f"onnxruntime {mm['onnxruntime']:.1f} GFLOP/s",
-        f"onnx: {res.get('fused_scans', 0)} scan(s) fused into TCL's operator; onnx-scan: the "
-        "exported standard-op graph (ONNX Scan loop), same run",
+        f"onnx: {res.get('fused_ops', 0)} nodes run as TCL's operators (tcl/csrc/ortops.cc); "
+        "onnx-scan: the exported standard-op graph (ONNX Scan loop), same run",
         f"{'batch':>6} {'onnx prog/s':>13} {'onnx-scan':>11} {'torch prog/s':>13} "
         f"{'onnx/scan':>9} {'onnx/torch':>10}",
     ]

@@ -85,9 +85,13 @@ def test_export_metadata_and_dynamic_axes(kb):
     assert leftovers == []  # atomic write left no temp file
 
 
-def test_onnx_matches_pytorch(kb):
+@pytest.mark.parametrize("fused", [True, False], ids=["tcl-ops", "standard-ops"])
+def test_onnx_matches_pytorch(kb, fused):
+    """Both serving graphs (TCL's fused operators, the exported standard-op Scan loop) agree with
+    PyTorch on every batch shape, chunking, block size and session layout."""
     _, path, model = kb
-    pred = load_predictor(path)
+    pred = load_predictor(path, fused=fused)
+    assert pred.fused == (2 * CONFIG["n_layers"] if fused else 0)  # conv + scan per block
     for n, length, seed in ((256, L, 1), (3, L, 2), (5, L // 2, 3), (1, L, 4)):
         x, mask = real_shaped(n, length, seed)
         got, ref = pred.predict(x, mask), torch_scores(model, x, mask)
@@ -101,10 +105,22 @@ def test_onnx_matches_pytorch(kb):
     np.testing.assert_allclose(pred.predict(x, mask, chunk=7), base, rtol=0, atol=1e-6)
     np.testing.assert_allclose(pred.predict(x, mask, chunk=300, block=64), base, rtol=0, atol=1e-6)
     for mode, threads in (("blocks", 3), ("intra", 2), ("blocks", 1)):
-        p = load_predictor(path, threads=threads, mode=mode, block=50)
+        p = load_predictor(path, threads=threads, mode=mode, block=50, fused=fused)
         np.testing.assert_allclose(p.predict(x, mask), base, rtol=0, atol=1e-6)
         p.close()
     assert pred.predict(x[:0], mask[:0]).shape == (0,)
+
+
+def test_fused_serving_needs_the_library(kb, monkeypatch):
+    import tcl.models.mamba_onnx as mamba_onnx
+
+    monkeypatch.setattr(mamba_onnx, "fused_library", lambda: None)
+    with pytest.raises(RuntimeError, match="operator library is not built"):
+        load_predictor(kb[1], fused=True)
+    pred = load_predictor(kb[1])  # default: falls back to the exported graph
+    assert pred.fused == 0
+    x, mask = real_shaped(20, seed=9)
+    np.testing.assert_allclose(pred.predict(x, mask), torch_scores(kb[2], x, mask), rtol=0, atol=1e-5)
 
 
 def test_scan_exports_as_an_onnx_loop_over_the_input_length(kb):
@@ -345,7 +361,8 @@ def test_bench_serving_reports_both_engines(kb):
     res = bench_serving((1, 32), checkpoint=kb[0], seconds=0.15, sweep=False)
     assert [r["batch"] for r in res["rows"]] == [1, 32]
     for r in res["rows"]:
-        assert r["onnx_pps"] > 0 and r["torch_pps"] > 0
+        assert r["onnx_pps"] > 0 and r["onnx_scan_pps"] > 0 and r["torch_pps"] > 0
+    assert res["fused_ops"] == 2 * CONFIG["n_layers"]
     assert res["flops_per_prediction"] > 0
     assert res["matmul_gflops"]["peak"] > 0
     assert 0 < res["fraction_of_matmul_peak"] < 1.5
