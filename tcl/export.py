@@ -174,13 +174,24 @@ def rewrite_softplus(proto) -> int:
 def _check_parity(model, onnx_bytes: bytes, n_features: int, max_len: int,
                   atol: float = 1e-5) -> float:
     """Max |onnx - torch| over a few batch sizes and lengths; raises ExportError beyond
-    atol * max(1, max |torch score|)."""
+    atol * max(1, max |torch score|). Checks the exported graph and, where TCL's operator library
+    is built, the graph the server runs (its fusable groups as tcl operators)."""
     import onnxruntime as ort
     import torch
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    from tcl.serving import fuse_ops
+
+    def session(blob, library=None):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        if library is not None:
+            so.register_custom_ops_library(str(library))
+        return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+
+    sessions = [("exported", session(onnx_bytes))]
+    fused_bytes, library, n_fused = fuse_ops(onnx_bytes, None)
+    if n_fused:
+        sessions.append(("fused", session(fused_bytes, library)))
     worst = 0.0
     lengths = sorted({max_len, max(1, max_len // 2)})
     for seed, (b, length) in enumerate([(1, max_len), (7, max_len)]
@@ -188,16 +199,18 @@ def _check_parity(model, onnx_bytes: bytes, n_features: int, max_len: int,
         x, mask = example_inputs(b, length, n_features, seed=100 + seed)
         with torch.no_grad():
             ref = model(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
-        try:
-            got = sess.run(None, {"x": x, "mask": mask})[0]
-        except Exception as exc:  # noqa: BLE001
-            raise ExportError(f"exported graph fails at batch={b} length={length}: {exc}") from exc
-        if got.shape != ref.shape:
-            raise ExportError(f"exported graph returns shape {got.shape}, PyTorch {ref.shape}")
-        err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
-        worst = max(worst, err / max(1.0, float(np.max(np.abs(ref)))))
-    if not worst <= atol:
-        raise ExportError(f"ONNX and PyTorch disagree by {worst:.3g} (> {atol})")
+        for name, sess in sessions:
+            try:
+                got = sess.run(None, {"x": x, "mask": mask})[0]
+            except Exception as exc:  # noqa: BLE001
+                raise ExportError(f"{name} graph fails at batch={b} length={length}: {exc}") from exc
+            if got.shape != ref.shape:
+                raise ExportError(f"{name} graph returns shape {got.shape}, PyTorch {ref.shape}")
+            err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
+            err /= max(1.0, float(np.max(np.abs(ref))))
+            if not err <= atol:
+                raise ExportError(f"ONNX ({name} graph) and PyTorch disagree by {err:.3g} (> {atol})")
+            worst = max(worst, err)
     return worst
 
 

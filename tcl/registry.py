@@ -189,8 +189,9 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
 
     Returns the version number. When `onnx_path` is None the checkpoint is exported here. When
     `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
-    that is already registered (same sha256, and same run when `run_id` is given) returns the
-    existing version and logs nothing.
+    that is already registered (same sha256, same run when `run_id` is given, and the same ONNX
+    file when `onnx_path` is given) returns the existing version and logs nothing; a new export
+    of a registered checkpoint (a newer exporter, say) becomes a new version.
     """
     ckpt = Path(checkpoint_path)
     if not ckpt.is_file():
@@ -212,6 +213,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
     if not eval_data_hash or not data_hash:
         raise TclRegistryError("eval_data_hash and data_hash are required (see tracking.data_hash)")
     ckpt_sha = file_sha256(ckpt)
+    given_onnx_sha = file_sha256(Path(onnx_path)) if onnx_path is not None and Path(onnx_path).is_file() else None
 
     client = _client()
     import mlflow
@@ -222,7 +224,8 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
             for mv in _versions(client, name):
                 tags = mv.tags or {}
                 if tags.get("checkpoint_sha256") == ckpt_sha and (
-                        run_id is None or tags.get("run_id") == run_id):
+                        run_id is None or tags.get("run_id") == run_id) and (
+                        given_onnx_sha is None or tags.get("onnx_sha256") == given_onnx_sha):
                     return int(mv.version)
         if run_id is not None:
             try:

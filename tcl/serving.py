@@ -53,7 +53,7 @@ def session_options(threads: int = DEFAULT_THREADS, opt_level: str = "all", spin
     return so
 
 
-def _fuse_ops(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]:
+def fuse_ops(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]:
     """(model bytes to load, operator library to register or None, number of nodes fused)."""
     from tcl.models.mamba_onnx import fuse_selective_scan, fused_library
 
@@ -101,7 +101,7 @@ class Predictor:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if not isinstance(model, (bytes, bytearray)):
             model = Path(model).read_bytes()
-        model, library, self.fused = _fuse_ops(bytes(model), fused)
+        model, library, self.fused = fuse_ops(bytes(model), fused)
         self.threads = max(1, int(threads))
         self.mode = mode
         n_sessions, per_session = ((self.threads, 1) if mode == "blocks" else (1, self.threads))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -231,8 +232,22 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     from tcl.serving import load_predictor
 
     fs = FeatureSet.load(root / "data" / "splits" / "x86-sse-t1" / "test.npz")
-    scores = load_predictor("models:/tcl-kb-x86-sse@candidate").predict_features(fs)
+    served = load_predictor("models:/tcl-kb-x86-sse@candidate")
+    scores = served.predict_features(fs)
     assert scores.shape == (len(fs),)
+    # parity on real data: the served graph (TCL's operators), the exported standard-op graph
+    # and the PyTorch checkpoint agree
+    import torch
+
+    from tcl.models.checkpoint import load_checkpoint
+
+    model, _ = load_checkpoint(root / "models" / "x86-sse" / "model.pt")
+    with torch.no_grad():
+        ref = model.eval()(torch.from_numpy(np.asarray(fs.x)), torch.from_numpy(np.asarray(fs.mask))).numpy()
+    assert served.fused == 2  # one Mamba block: conv + scan
+    np.testing.assert_allclose(scores, ref, rtol=0, atol=1e-5)
+    standard = load_predictor("models:/tcl-kb-x86-sse@candidate", fused=False).predict_features(fs)
+    np.testing.assert_allclose(standard, ref, rtol=0, atol=1e-5)
 
 
 def test_family_platforms_checks_the_hardware_registry():

@@ -124,6 +124,23 @@ def test_reregister_is_idempotent(store, kb):
     assert reg(kb, 0.8) == v1 + 1
 
 
+def test_new_export_of_a_registered_checkpoint_is_a_new_version(store, kb, tmp_path):
+    """Same checkpoint, same run, another ONNX file (a newer exporter): a new version holding
+    that file; registering the same pair again is still a no-op."""
+    import onnx
+
+    run_id = new_run()
+    v1 = reg(kb, 0.8, run_id=run_id)
+    proto = onnx.load(str(kb[1]))
+    proto.doc_string = "re-exported"
+    other = tmp_path / "kb2.onnx"
+    onnx.save(proto, str(other))
+    v2 = reg((kb[0], other), 0.8, run_id=run_id)
+    assert v2 == v1 + 1
+    assert registry.show("testfam", v2)["tags"]["onnx_sha256"] != registry.show("testfam", v1)["tags"]["onnx_sha256"]
+    assert reg((kb[0], other), 0.8, run_id=run_id) == v2
+
+
 def test_register_rejects_onnx_of_other_checkpoint_or_family(store, kb, tmp_path):
     other = make_checkpoint(tmp_path / "other.pt", seed=1)
     with pytest.raises(registry.TclRegistryError, match="different checkpoint"):
