@@ -19,7 +19,7 @@ from tcl.export import parse_metadata
 from tcl.registry import PREFIX, TclRegistryError
 
 DEFAULT_CHUNK = 4096   # rows converted and held at once (bounds memory on large inputs)
-DEFAULT_BLOCK = 64     # rows per onnxruntime call: per-step scan tensors stay in L1/L2 cache
+DEFAULT_BLOCK = 32     # rows per onnxruntime call: a block's activations stay in L1/L2 cache
 DEFAULT_MODE = "blocks"
 DEFAULT_THREADS = 2
 MODES = ("blocks", "intra")
@@ -79,10 +79,10 @@ class Predictor:
 
     ``mode="blocks"`` (default) opens `threads` single-threaded sessions that pull row blocks of
     `block` programs in parallel; ``mode="intra"`` opens one session with
-    ``intra_op_num_threads=threads`` and runs the blocks one after another. With the scan as an
-    ONNX loop of small per-step ops, splitting each op over threads costs more than it gains:
-    on the idle 2-core machine blocks of 64 rows measured 28k programs/s against 14-17k for
-    ``intra`` with blocks of 256 (``tcl models bench`` sweeps both).
+    ``intra_op_num_threads=threads`` and runs the blocks one after another. The ops of this small
+    model are too small to split over threads with profit: on the idle 2-core machine two
+    sessions on 32-row blocks measured 49-55k programs/s against 31-33k for ``intra``
+    (``tcl models bench`` sweeps modes and block sizes).
 
     `fused`: run each Mamba block's causal conv and selective scan (with its softplus, D skip and
     gate) as TCL's onnxruntime operators (``tcl/csrc/ortops.cc``) instead of the standard ops
@@ -492,6 +492,7 @@ def bench_serving(batch_sizes=(1, 64, 1024), checkpoint: str | os.PathLike | Non
             ("basic", DEFAULT_MODE, threads, DEFAULT_BLOCK, False),
             ("all", "blocks", threads, 256, False),
             ("all", "blocks", threads, 16, False),
+            ("all", "blocks", threads, 64, False),
             ("all", "intra", threads, 256, False),
             ("all", "intra", threads, DEFAULT_BLOCK, False),
             ("all", "intra", threads, DEFAULT_CHUNK, True),  # onnxruntime's own defaults

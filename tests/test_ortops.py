@@ -44,9 +44,11 @@ def _one_node_model(op_type: str, inputs: dict, **attrs) -> bytes:
     return model.SerializeToString()
 
 
-def _scan_reference(u, delta, A, B, C, D, z, softplus):
+def _scan_reference(u, delta, A, B, C, D, z, delta_bias, softplus):
     """The recurrence in float64, step by step (time-major inputs)."""
     u, delta, A, B, C = (np.asarray(t, np.float64) for t in (u, delta, A, B, C))
+    if delta_bias is not None:
+        delta = delta + delta_bias
     if softplus:
         delta = np.logaddexp(0.0, delta)
     L, b, E = u.shape
@@ -71,22 +73,25 @@ def _scan_inputs(L, b, E, N, seed=0):
             "B": rng.standard_normal((L, b, N)).astype(f),
             "C": rng.standard_normal((L, b, N)).astype(f),
             "D": rng.standard_normal(E).astype(f),
-            "z": rng.standard_normal((L, b, E)).astype(f)}
+            "z": rng.standard_normal((L, b, E)).astype(f),
+            "delta_bias": rng.standard_normal(E).astype(f)}
 
 
 @pytest.mark.parametrize("L,b,E,N", [(1, 1, 1, 1), (7, 3, 13, 5), (36, 64, 64, 8), (40, 2, 33, 16)])
 def test_selective_scan_op_matches_the_recurrence(library, L, b, E, N):
     full = _scan_inputs(L, b, E, N, seed=L + E)
     for softplus in (1, 0):
-        for optional in ("D,z", "D", ""):
+        for optional in ("D,z,delta_bias", "D,delta_bias", "D,z", "D", ""):
             ins = dict(full)
-            ins["delta"] = full["delta"] if softplus else np.abs(full["delta"])  # already positive
-            for k in ("D", "z"):
+            if not softplus:  # the step sizes as given: positive
+                ins["delta"], ins["delta_bias"] = np.abs(full["delta"]), np.abs(full["delta_bias"])
+            for k in ("D", "z", "delta_bias"):
                 if k not in optional:
                     ins[k] = None
             got = _session(_one_node_model(OP_TYPE, ins, delta_softplus=softplus), library).run(
                 None, {k: v for k, v in ins.items() if v is not None})[0]
-            ref = _scan_reference(*(ins[k] for k in ("u", "delta", "A", "B", "C", "D", "z")), softplus)
+            ref = _scan_reference(*(ins[k] for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")),
+                                  softplus)
             assert got.shape == (L, b, E) and got.dtype == np.float32
             np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * (1 + np.abs(ref).max()),
                                        err_msg=f"softplus={softplus} optional={optional!r}")
@@ -101,7 +106,7 @@ def test_selective_scan_op_extreme_steps(library):
     ins["delta"][2] = 1e-30
     ins["A"][0, 0] = -1e4
     got = _session(_one_node_model(OP_TYPE, ins, delta_softplus=1), library).run(None, ins)[0]
-    ref = _scan_reference(*ins.values(), True)
+    ref = _scan_reference(*ins.values(), softplus=True)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * (1 + np.abs(ref).max()))
 
@@ -151,11 +156,12 @@ def _placeholder_graph():
              helper.make_tensor("bias", f, [E], rng.standard_normal(E).tolist()),
              helper.make_tensor("A", f, [E, N], (-np.exp(rng.standard_normal(E * N))).tolist()),
              helper.make_tensor("D", f, [E], rng.standard_normal(E).tolist()),
+             helper.make_tensor("dt_bias", f, [E], rng.standard_normal(E).tolist()),
              helper.make_tensor("sizes", TensorProto.INT64, [3], [E, N, N])]
     nodes = [helper.make_node(CONV_OP_TYPE, ["x", "w", "bias"], ["xc"], domain=DOMAIN, silu=1, kernel_size=K),
              helper.make_node("Concat", ["x", "xB", "xB"], ["dbc"], axis=2),
              helper.make_node("Split", ["dbc", "sizes"], ["delta", "B", "C"], axis=2),
-             helper.make_node(OP_TYPE, ["xc", "delta", "A", "B", "C", "D", "z"], ["y"], domain=DOMAIN,
+             helper.make_node(OP_TYPE, ["xc", "delta", "A", "B", "C", "D", "z", "dt_bias"], ["y"], domain=DOMAIN,
                               delta_softplus=1)]
     vi = helper.make_tensor_value_info
     graph = helper.make_graph(nodes, "g", [vi("x", f, ["L", "b", E]), vi("xB", f, ["L", "b", N]),

@@ -1,12 +1,13 @@
 // TCL's onnxruntime CPU operators, domain "tcl": the Mamba block's sequence ops, each one pass
 // over the data instead of a dozen small standard ops per step.
 //
-// tcl.SelectiveScan(u, delta, A, B, C, D?, z?; delta_softplus) -> y
-//   delta_t = softplus(delta_t)                      (attribute delta_softplus, default 1)
+// tcl.SelectiveScan(u, delta, A, B, C, D?, z?, delta_bias?; delta_softplus) -> y
+//   delta_t = softplus(delta_t + delta_bias)          (attribute delta_softplus, default 1)
 //   h_t     = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t      state (E, N) per row
 //   y_t     = (C_t . h_t + D * u_t) * silu(z_t)      (D and z optional)
-//   u, delta, z (L, b, E); A (E, N); B, C (L, b, N); D (E); y (L, b, E). As mamba-ssm's
-//   selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus=True), time-major.
+//   u, delta, z (L, b, E); A (E, N); B, C (L, b, N); D, delta_bias (E); y (L, b, E). As
+//   mamba-ssm's selective_scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus=True),
+//   time-major.
 //
 // tcl.CausalConv1d(x, w, bias?; silu) -> y
 //   y_t = act(bias + sum_k w_k * x_{t-K+1+k})         (x_s = 0 for s < 0; act = silu if silu=1)
@@ -122,8 +123,9 @@ inline uint32_t float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); ret
 inline float max_f(float x, float lo) { return x < lo ? lo : x; }
 inline float min_f(float x, float hi) { return x > hi ? hi : x; }
 
-// exp(x) to ~1 ulp for x in [-87, 88] (clamped there: below, the result is < 1.7e-38 anyway).
-// x = k ln2 + r, |r| <= ln2/2, exp(r) by its Taylor series to r^7 (truncation < 5e-9 relative).
+// exp(x) to ~2 ulp for x in [-87, 88] (clamped there: below, the result is < 1.7e-38 anyway).
+// x = k ln2 + r, |r| <= ln2/2, exp(r) by its Taylor series to r^6 (truncation < 1.3e-7
+// relative; one more term measured ~15% slower in the scan for no change in its error).
 inline float exp_f(float x) {
   x = min_f(max_f(x, -87.0f), 88.0f);
   const float shift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
@@ -131,8 +133,7 @@ inline float exp_f(float x) {
   const int32_t k = static_cast<int32_t>(float_to_bits(kf) - float_to_bits(shift));
   kf -= shift;
   const float r = (x - kf * 0.693145752f) - kf * 1.42860677e-6f;  // ln2 split hi + lo
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
+  float p = 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
   p = p * r + 1.0f / 6.0f;
@@ -167,8 +168,8 @@ struct Dims { int64_t L, b, E, N; };
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "arch=x86-64-v2", "default")))
 void scan_row(const Dims d, int64_t row, const float* __restrict u, const float* __restrict delta,
               const float* __restrict At, const float* __restrict B, const float* __restrict C,
-              const float* __restrict D, const float* __restrict z, bool softplus,
-              float* __restrict h, float* __restrict dl, float* __restrict du,
+              const float* __restrict D, const float* __restrict z, const float* __restrict bias,
+              bool softplus, float* __restrict h, float* __restrict dl, float* __restrict du,
               float* __restrict acc, float* __restrict y) {
   const int64_t E = d.E, N = d.N;
   std::fill(h, h + E * N, 0.0f);
@@ -176,10 +177,13 @@ void scan_row(const Dims d, int64_t row, const float* __restrict u, const float*
     const int64_t xe = (t * d.b + row) * E, xn = (t * d.b + row) * N;
     const float* ut = u + xe;
     const float* dt = delta + xe;
-    if (softplus) {
-      for (int64_t e = 0; e < E; ++e) dl[e] = softplus_f(dt[e]);
+    if (bias) {
+      for (int64_t e = 0; e < E; ++e) dl[e] = dt[e] + bias[e];
     } else {
       std::copy(dt, dt + E, dl);
+    }
+    if (softplus) {
+      for (int64_t e = 0; e < E; ++e) dl[e] = softplus_f(dl[e]);
     }
     for (int64_t e = 0; e < E; ++e) {
       du[e] = dl[e] * ut[e];
@@ -331,7 +335,7 @@ OrtStatus* run_selective_scan(const Kernel& k, Tensor* in, OrtKernelContext* ctx
     return fail(k, "u must be (L, b, E) and A (E, N); got u " + shape_str(su) + ", A " + shape_str(sa));
   const Dims d{su[0], su[1], su[2], sa[1]};
   const std::vector<int64_t> want_e{d.L, d.b, d.E}, want_a{d.E, d.N}, want_n{d.L, d.b, d.N}, want_d{d.E};
-  if (OrtStatus* s = check_shapes(k, in, {nullptr, &want_e, &want_a, &want_n, &want_n, &want_d, &want_e}))
+  if (OrtStatus* s = check_shapes(k, in, {nullptr, &want_e, &want_a, &want_n, &want_n, &want_d, &want_e, &want_d}))
     return s;
   float* y = nullptr;
   if (OrtStatus* s = output(k, ctx, su, &y)) return s;
@@ -345,7 +349,7 @@ OrtStatus* run_selective_scan(const Kernel& k, Tensor* in, OrtKernelContext* ctx
     for (int64_t n = 0; n < d.N; ++n) At[n * d.E + e] = in[2].data[e * d.N + n];
   for (int64_t row = 0; row < d.b; ++row)
     scan_row(d, row, in[0].data, in[1].data, At, in[3].data, in[4].data, in[5].data, in[6].data,
-             k.flag != 0, h, dl, dl + d.E, dl + 2 * d.E, y);
+             in[7].data, k.flag != 0, h, dl, dl + d.E, dl + 2 * d.E, y);
   return nullptr;
 }
 
@@ -364,7 +368,8 @@ OrtStatus* run_causal_conv1d(const Kernel& k, Tensor* in, OrtKernelContext* ctx)
 }
 
 const OpSpec kSpecs[] = {
-    {"SelectiveScan", {"u", "delta", "A", "B", "C", "D", "z"}, 5, "delta_softplus", 1, run_selective_scan},
+    {"SelectiveScan", {"u", "delta", "A", "B", "C", "D", "z", "delta_bias"}, 5, "delta_softplus", 1,
+     run_selective_scan},
     {"CausalConv1d", {"x", "w", "bias"}, 2, "silu", 0, run_causal_conv1d},
 };
 

@@ -393,25 +393,26 @@ class _SelectiveScanPlaceholder(torch.autograd.Function):
     ``tcl.SelectiveScan`` node (``tcl.models.mamba_onnx`` lowers it to standard ops)."""
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, D, z):
-        y = _scan_forward(u, F.softplus(delta), A, B, C)[0]
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias):
+        y = _scan_forward(u, F.softplus(delta + delta_bias), A, B, C)[0]
         return torch.addcmul(y, u, D) * F.silu(z)
 
     @staticmethod
-    def symbolic(g, u, delta, A, B, C, D, z):
+    def symbolic(g, u, delta, A, B, C, D, z, delta_bias):
         from tcl.models.mamba_onnx import DOMAIN, OP_TYPE
 
-        out = g.op(f"{DOMAIN}::{OP_TYPE}", u, delta, A, B, C, D, z, delta_softplus_i=1)
+        out = g.op(f"{DOMAIN}::{OP_TYPE}", u, delta, A, B, C, D, z, delta_bias, delta_softplus_i=1)
         out.setType(u.type())
         return out
 
 
-def selective_scan_placeholder(u, delta, A, B, C, D, z):
-    """u, delta (before softplus), z (L, b, E); A (E, N); B, C (L, b, N); D (E,) -> y (L, b, E),
-    as mamba-ssm's ``selective_scan_fn(..., delta_softplus=True)`` time-major. Exports as one
+def selective_scan_placeholder(u, delta, A, B, C, D, z, delta_bias):
+    """u, delta (before bias and softplus), z (L, b, E); A (E, N); B, C (L, b, N); D, delta_bias
+    (E,) -> y (L, b, E), as mamba-ssm's ``selective_scan_fn(..., delta_bias,
+    delta_softplus=True)`` time-major. Exports as one
     ``tcl.SelectiveScan`` node that ``tcl.models.mamba_onnx.lower_selective_scan`` replaces by
     standard ops."""
-    return _SelectiveScanPlaceholder.apply(u, delta, A, B, C, D, z)
+    return _SelectiveScanPlaceholder.apply(u, delta, A, B, C, D, z, delta_bias)
 
 
 def _causal_conv_shifted(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -614,10 +615,12 @@ class Mamba(nn.Module):
             xc = F.silu(self._conv_tm_export(xi) if export else self._conv_tm(xi))
         x_dbl = self.x_proj(xc)  # (L, b, R + 2N)
         dt, Bm, Cm = torch.split(x_dbl, [R, N, N], dim=-1)
-        delta = self.dt_proj(dt)  # (L, b, E)
         A = -torch.exp(self.A_log.float())
-        if method == "loop":  # softplus, scan, D skip and gate in one placeholder node
-            return self.out_proj(selective_scan_placeholder(xc, delta, A, Bm, Cm, self.D, z))
+        if method == "loop":  # dt bias, softplus, scan, D skip and gate in one placeholder node
+            y = selective_scan_placeholder(xc, F.linear(dt, self.dt_proj.weight), A, Bm, Cm, self.D, z,
+                                           self.dt_proj.bias)
+            return self.out_proj(y)
+        delta = self.dt_proj(dt)  # (L, b, E)
         # onnxruntime's Softplus kernel is ~10x slower than this equivalent (|error| < 1e-7)
         delta = F.relu(delta) + torch.log1p(torch.exp(-delta.abs())) if export else F.softplus(delta)
         if method == "parallel":

@@ -4,11 +4,11 @@ The unrolled export form (``scan_unrolled_tm``) pads every input to the traced l
 of 30-step programs pays for 48 steps. Here the export traces a placeholder node
 (``tcl.models.mamba.selective_scan_placeholder``)
 
-    tcl.SelectiveScan(u, delta, A, B, C, D, z; delta_softplus=1)  ->  y        (time-major)
+    tcl.SelectiveScan(u, delta, A, B, C, D, z, delta_bias; delta_softplus=1)  ->  y   (time-major)
 
-with the semantics of mamba-ssm's ``selective_scan_fn(..., delta_softplus=True)``:
+with the semantics of mamba-ssm's ``selective_scan_fn(..., delta_bias, delta_softplus=True)``:
 
-    delta_t = softplus(delta_t)
+    delta_t = softplus(delta_t + delta_bias)
     h_t = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t,      y_t = (C_t . h_t + D u_t) * silu(z_t)
 
 and :func:`lower_selective_scan` replaces it with standard ops, so any ONNX runtime runs the
@@ -37,7 +37,7 @@ __all__ = ["lower_selective_scan", "fuse_selective_scan", "fused_library", "DOMA
 DOMAIN = "tcl"
 OP_TYPE = "SelectiveScan"
 CONV_OP_TYPE = "CausalConv1d"
-INPUTS = ("u", "delta", "A", "B", "C", "D", "z")
+INPUTS = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 _PREFIX = re.compile(r"^tcl_(scan|conv)(\d+)_")
 _MARK = "tcl.fusable"  # key of the JSON record in a lowered group's first node's doc_string
 
@@ -95,10 +95,13 @@ def _lower_scan(node, prefix: str) -> list:
     nb = _Builder(prefix)
     t, op, F, I64 = nb.t, nb.op, nb.tp.FLOAT, nb.tp.INT64
     ins = list(node.input) + [""] * (len(INPUTS) - len(node.input))
-    u, delta, A, B, C, D, z = ins
+    u, delta, A, B, C, D, z, delta_bias = ins
     y = node.output[0]
     nodes = [nb.const("axis2", I64, [1], [2]), nb.const("axis3", I64, [1], [3]),
              nb.const("first", I64, [], [0]), nb.const("zero", F, [], [0.0])]
+    if delta_bias:
+        nodes.append(op("Add", [delta, delta_bias], "delta_biased"))
+        delta = t("delta_biased")
     if _attr_int(node, "delta_softplus", 0):
         # relu(x) + log(1 + exp(-|x|)): exact to < 1e-7, ~10x faster than onnxruntime's Softplus
         nodes += [nb.const("one", F, [], [1.0]),
