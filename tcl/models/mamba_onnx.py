@@ -1,4 +1,4 @@
-"""The selective scan in ONNX: one graph for every sequence length, standard ops or one fused op.
+"""The Mamba block's sequence ops in ONNX: one graph for every length, standard ops or fused ops.
 
 The unrolled export form (``scan_unrolled_tm``) pads every input to the traced length, so a batch
 of 30-step programs pays for 48 steps. Here the export traces a placeholder node
@@ -15,12 +15,14 @@ and :func:`lower_selective_scan` replaces it with standard ops, so any ONNX runt
 exported file: the per-step inputs are prepared once over all steps, then an ONNX ``Scan`` runs
 the recurrence for exactly as many steps as the input has, with the state (b, N, E) as its
 loop-carried value. Together with length-sorted blocks in the server (``tcl.serving``), a block of
-short programs costs only its own length.
+short programs costs only its own length. The block's depthwise causal conv + SiLU is traced the
+same way (``tcl.CausalConv1d(x, w (K, E), bias; silu=1, kernel_size=K)``) and lowered to a pad
+and K shifted slices.
 
 The lowered nodes keep a record of the node they replace, and :func:`fuse_selective_scan` puts
-that node back: onnxruntime then runs it as one CPU operator from TCL's own library
-(``tcl/csrc/selective_scan_op.cc``, built at install; :func:`fused_library`), a single pass per
-row instead of a dozen small ops per step.
+those nodes back: onnxruntime then runs each as one CPU operator from TCL's own library
+(``tcl/csrc/ortops.cc``, built at install; :func:`fused_library`), a single pass per row
+instead of a dozen small ops per step.
 
 No torch here: the server (``tcl.serving``) fuses graphs without importing it.
 """
@@ -247,7 +249,7 @@ def fuse_selective_scan(proto) -> int:
 
 def fused_library() -> Path | None:
     """Path of TCL's onnxruntime operator library (built by ``pip install`` from
-    ``tcl/csrc/selective_scan_op.cc``), or None where it was not built (no C++ compiler)."""
+    ``tcl/csrc/ortops.cc``), or None where it was not built (no C++ compiler)."""
     import importlib.machinery
 
     here = Path(__file__).resolve().parents[1]
