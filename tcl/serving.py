@@ -62,8 +62,8 @@ def fuse_ops(model: bytes, fused: bool | None) -> tuple[bytes, Path | None, int]
     library = fused_library()
     if library is None:
         if fused:
-            raise RuntimeError("fused=True but TCL's onnxruntime operator library is not built "
-                               "(reinstall tcl with a C++ compiler present: pip install -e .)")
+            raise TclRegistryError("fused=True but TCL's onnxruntime operator library is not "
+                                   "built (reinstall tcl with a C++ compiler present: pip install -e .)")
         return model, None, 0
     import onnx
 

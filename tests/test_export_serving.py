@@ -115,7 +115,9 @@ def test_fused_serving_needs_the_library(kb, monkeypatch):
     import tcl.models.mamba_onnx as mamba_onnx
 
     monkeypatch.setattr(mamba_onnx, "fused_library", lambda: None)
-    with pytest.raises(RuntimeError, match="operator library is not built"):
+    from tcl.registry import TclRegistryError
+
+    with pytest.raises(TclRegistryError, match="operator library is not built"):
         load_predictor(kb[1], fused=True)
     pred = load_predictor(kb[1])  # default: falls back to the exported graph
     assert pred.fused == 0
@@ -351,6 +353,10 @@ def test_cli_export_and_predict(kb, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "scores.npy"), ref, atol=1e-5, rtol=0)
     best0 = int(np.argmax(ref[:12]))
     assert got["top1_per_task"]["t0"]["index"] == best0
+    res = CliRunner().invoke(main, ["predict", "--model", str(out), str(tmp_path / "fs.npz"),
+                                    "--json", "--no-fused"])  # the exported standard-op graph
+    assert res.exit_code == 0, res.output
+    np.testing.assert_allclose(json.loads(res.stdout)["scores"], ref, atol=1e-5, rtol=0)
     other = next(p for f, p in by_family.items() if f != "amd-zen4-avx512")
     featureset(other, n=8).save(tmp_path / "other.npz")
     res = CliRunner().invoke(main, ["predict", "--model", str(out), str(tmp_path / "other.npz")])

@@ -238,8 +238,11 @@ def models_bench(checkpoint, batch_sizes, seconds, threads, no_sweep, as_json):
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="write scores (.npy)")
 @click.option("--chunk", type=int, default=4096)
 @click.option("--json", "as_json", is_flag=True, help="print scores and per-task picks as JSON")
+@click.option("--fused/--no-fused", default=None,
+              help="run the Mamba conv and scan as TCL's onnxruntime operators (default: when "
+                   "the library is built) or as the exported standard ops")
 @_registry_errors
-def predict(features, model_ref, family, out, chunk, as_json):
+def predict(features, model_ref, family, out, chunk, as_json, fused):
     """Score the programs of a FEATURES.npz with a served KB model (onnxruntime).
 
     Refuses features whose version, shape, vocabulary or hardware family differ from the model's.
@@ -250,7 +253,7 @@ def predict(features, model_ref, family, out, chunk, as_json):
     from tcl.serving import load_predictor
 
     fs = FeatureSet.load(features)
-    pred = load_predictor(model_ref, chunk=chunk)
+    pred = load_predictor(model_ref, chunk=chunk, fused=fused)
     scores = pred.predict_features(fs, family=family)
     if out:
         from tcl.io import atomic_path
