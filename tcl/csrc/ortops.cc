@@ -161,11 +161,21 @@ inline float log1p_unit(float v) {
 
 inline float softplus_f(float x) { return max_f(x, 0.0f) + log1p_unit(exp_f(-std::fabs(x))); }
 
+// The hot loops are compiled once per x86-64 level (AVX-512, AVX2, SSE4.2, baseline) and the
+// best one the CPU supports is picked at load (GCC function multi-versioning). Elsewhere: one
+// build for the target.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TCL_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "arch=x86-64-v2", "default")))
+#else
+#define TCL_VECTOR_CLONES
+#endif
+
 struct Dims { int64_t L, b, E, N; };
 
 // One row of the batch over all L steps. h: E*N scratch laid out (N, E) so every inner loop
 // runs over contiguous E; At is A transposed to (N, E).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "arch=x86-64-v2", "default")))
+TCL_VECTOR_CLONES
 void scan_row(const Dims d, int64_t row, const float* __restrict u, const float* __restrict delta,
               const float* __restrict At, const float* __restrict B, const float* __restrict C,
               const float* __restrict D, const float* __restrict z, const float* __restrict bias,
@@ -213,7 +223,7 @@ void scan_row(const Dims d, int64_t row, const float* __restrict u, const float*
 }
 
 // The causal conv over all steps and rows: y[t, r] = act(bias + sum_k w_k * x[t-K+1+k, r]).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "arch=x86-64-v2", "default")))
+TCL_VECTOR_CLONES
 void causal_conv(int64_t L, int64_t b, int64_t E, int64_t K, const float* __restrict x,
                  const float* __restrict w, const float* __restrict bias, bool silu, float* __restrict y) {
   for (int64_t t = 0; t < L; ++t) {
