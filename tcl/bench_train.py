@@ -90,7 +90,7 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
     batches = []
     for a in range(0, len(data), batch_size):
         sl = slice(a, a + batch_size)
-        batches.append(tuple(torch.from_numpy(a).to(device) for a in
+        batches.append(tuple(torch.from_numpy(arr).to(device) for arr in
                              (data.x[sl], data.mask[sl], data.y[sl], data.task[sl].astype(np.int64))))
 
     def sync():  # CUDA runs asynchronously: wait for the queued kernels before reading the clock

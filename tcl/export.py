@@ -179,11 +179,10 @@ def _check_parity(model, onnx_bytes: bytes, n_features: int, max_len: int,
     import onnxruntime as ort
     import torch
 
-    from tcl.serving import fuse_ops
+    from tcl.serving import fuse_ops, session_options
 
     def session(blob, library=None):
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
+        so = session_options(threads=1)
         if library is not None:
             so.register_custom_ops_library(str(library))
         return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])

@@ -213,7 +213,9 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
     if not eval_data_hash or not data_hash:
         raise TclRegistryError("eval_data_hash and data_hash are required (see tracking.data_hash)")
     ckpt_sha = file_sha256(ckpt)
-    given_onnx_sha = file_sha256(Path(onnx_path)) if onnx_path is not None and Path(onnx_path).is_file() else None
+    # an existing file is hashed once: it identifies the version below and is tagged with it
+    given_onnx_sha = (file_sha256(Path(onnx_path))
+                      if onnx_path is not None and Path(onnx_path).is_file() else None)
 
     client = _client()
     import mlflow
@@ -254,7 +256,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 raise TclRegistryError(f"{onnx_file} was exported from a different checkpoint "
                                        f"(sha256 {meta['checkpoint_sha256'][:12]} != "
                                        f"{ckpt_sha[:12]}); re-export it")
-            onnx_sha = file_sha256(onnx_file)
+            onnx_sha = given_onnx_sha if onnx_path is not None else file_sha256(onnx_file)
             model_proto = onnx.load(str(onnx_file))
             ckpt_copy = Path(tmp, "checkpoint.pt")
             shutil.copyfile(ckpt, ckpt_copy)

@@ -608,7 +608,7 @@ class Mamba(nn.Module):
         b_in = self.in_proj.bias
         xi = F.linear(x, w_in[:E], None if b_in is None else b_in[:E])  # (L, b, E)
         z = F.linear(x, w_in[E:], None if b_in is None else b_in[E:])
-        export = method in ("parallel", "unrolled", "loop")
+        export = method in ("parallel", "unrolled")  # "loop" returns through its placeholders
         if method == "loop":  # conv + silu as one placeholder node (tcl.CausalConv1d)
             xc = causal_conv1d_placeholder(xi, self.conv1d.weight[:, 0, :].t(), self.conv1d.bias)
         else:
