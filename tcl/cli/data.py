@@ -227,6 +227,22 @@ def dataset_pack(params_path: str, out: str) -> None:
     click.echo(json.dumps(summary, indent=2))
 
 
+@dataset.command("unpack")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace working databases that already exist.")
+def dataset_unpack(params_path: str, raw_root: str, force: bool) -> None:
+    """Restore the working databases (params.yaml dataset.out) from the bundle, to resume collecting."""
+    from ..collect.pack import unpack
+
+    params = _load_params(params_path)
+    try:
+        summary = unpack(raw_root, params["platforms"], params["dataset"]["out"], force=force)
+    except FileExistsError as exc:
+        _fail(str(exc), 1)
+    click.echo(json.dumps(summary, indent=2))
+
+
 @dataset.command("stats")
 @click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False),
               help="Bundled dataset root: one MetaSchedule database per platform.")

@@ -108,12 +108,36 @@ def bert(layers: int, hidden: int, heads: int, seq: int = 128) -> list[Op]:
     return ops
 
 
+def vit(layers: int, hidden: int, heads: int, mlp: int, image: int = 224, patch: int = 16) -> list[Op]:
+    """Vision transformer (Dosovitskiy et al.): pre-norm encoder blocks over patch tokens + [CLS]."""
+    patches = (image // patch) ** 2
+    seq, head_dim = patches + 1, hidden // heads
+    # The patch embedding is a k=s=16 convolution without padding, i.e. exactly a dense layer over
+    # the flattened non-overlapping patches (im2col is a reshape here).
+    ops = [dense(patches, patch * patch * 3, hidden)]
+    for _ in range(layers):
+        ops.append(Op("layer_norm", (seq, hidden)))
+        ops += [dense(seq, hidden, hidden)] * 3  # Q, K, V
+        ops.append(Op("batch_matmul", (heads, seq, head_dim, seq)))  # Q·Kᵀ
+        ops.append(Op("softmax", (heads * seq, seq)))
+        ops.append(Op("batch_matmul", (heads, seq, seq, head_dim)))  # P·V
+        ops.append(dense(seq, hidden, hidden))  # attention output
+        ops.append(Op("layer_norm", (seq, hidden)))
+        ops.append(dense(seq, hidden, mlp))
+        ops.append(dense(seq, mlp, hidden))
+    ops.append(Op("layer_norm", (seq, hidden)))
+    ops.append(dense(1, hidden, 1000))  # classification head on the [CLS] token
+    ops.append(Op("softmax", (1, 1000)))
+    return ops
+
+
 NETWORKS = {
     "resnet50": resnet50,
     "resnet18": resnet18,
     "mobilenet_v2": mobilenet_v2,
     "bert_base": lambda: bert(12, 768, 12),
     "bert_tiny": lambda: bert(2, 128, 2),
+    "vit_tiny": lambda: vit(12, 192, 3, 768),  # ViT-Ti/16
 }
 
 

@@ -1,9 +1,13 @@
-"""Ship working databases as the bundled dataset: matched programs only, gzip-compressed.
+"""Ship working databases as the bundled dataset (matched programs only, gzip), and back.
 
 A program is shipped only when every platform holds a record of it (success or failure), so an
 interrupted collection still ships a consistent, matched dataset. Output per platform:
 `database_workload.json.gz`, `database_tuning_record.json.gz` (MetaSchedule format, workload
-indices renumbered), `tasks.json`, `collect.json`.
+indices renumbered), `tasks.json`, `collect.json`. Each platform is written to a new folder that
+then replaces the old one, so a crash mid-pack leaves the previous bundle whole.
+
+`unpack` is the way back: it restores working databases from the bundle, so a collection can be
+resumed (or extended with new tasks or platforms) from a fresh clone without re-measuring.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ def pack(work_root: str, platforms: list[str], out_root: str) -> dict:
         workloads, records = dbs[p]
         kept_shash = sorted({s for s, _ in matched})
         index = {s: i for i, s in enumerate(kept_shash)}
-        out = out_root / p
-        out.mkdir(parents=True, exist_ok=True)
+        final = out_root / p
+        out = out_root / f".{p}.packing"
+        shutil.rmtree(out, ignore_errors=True)  # left by a crashed pack
+        out.mkdir(parents=True)
         _write_gz(out / "database_workload.json.gz", [orjson.dumps(workloads[s]) for s in kept_shash])
         seen = set()
         lines = []
@@ -57,7 +63,49 @@ def pack(work_root: str, platforms: list[str], out_root: str) -> dict:
         with atomic_path(out / "tasks.json") as tmp:
             tmp.write_text(json.dumps({s: tasks[s] for s in kept_shash if s in tasks}, indent=1, sort_keys=True))
         shutil.copyfile(work_root / p / "collect.json", out / "collect.json")
+        _replace_dir(out, final)
         summary[p] = {"tasks": len(kept_shash), "records": len(lines)}
+    return summary
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    """Put `new` in the place of `final`: two renames, the old folder removed only afterwards."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def unpack(raw_root: str, platforms: list[str], work_root: str, force: bool = False) -> dict:
+    """Restore working databases under `work_root` from a bundle under `raw_root`.
+
+    Refuses to overwrite a working database unless `force`: it may hold measurements the bundle
+    lacks (programs not yet matched on every platform).
+    """
+    raw_root, work_root = Path(raw_root), Path(work_root)
+    summary = {}
+    for p in platforms:
+        src, dst = raw_root / p, work_root / p
+        if not (src / "database_tuning_record.json.gz").exists():
+            summary[p] = {"records": 0, "note": f"nothing bundled in {src}"}
+            continue
+        if (dst / "database_tuning_record.json").exists() and not force:
+            raise FileExistsError(f"{dst} already holds a working database; pass --force to replace it")
+        staging = work_root / f".{p}.unpacking"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        records = 0
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            with gzip.open(src / f"{name}.gz", "rb") as f_in, open(staging / name, "wb") as f_out:
+                for line in f_in:
+                    f_out.write(line)
+                    records += name == "database_tuning_record.json"
+        for name in ("tasks.json", "collect.json"):
+            shutil.copyfile(src / name, staging / name)
+        _replace_dir(staging, dst)
+        summary[p] = {"records": records}
     return summary
 
 
