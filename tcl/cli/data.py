@@ -249,15 +249,21 @@ def dataset_unpack(params_path: str, raw_root: str, force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Also write the JSON there (e.g. data/stats/stats.json).")
-def dataset_stats(raw_root: str, as_json: bool, out: str | None) -> None:
-    """Counts per platform and cross-platform rank agreement on matched programs."""
-    from ..collect.stats import dataset_stats as compute, format_stats
+@click.option("--noise", "noise_glob", default="data/stats/noise-*.json", show_default=True,
+              help="Re-measure noise reports (`tcl dataset noise --out`) to show per platform (glob).")
+def dataset_stats(raw_root: str, as_json: bool, out: str | None, noise_glob: str) -> None:
+    """Counts per platform, re-measure noise and cross-platform rank agreement on matched programs."""
+    import glob
+
+    from ..collect.stats import dataset_stats as compute, format_stats, noise_summary
     from ..io import atomic_write_json
 
     try:
         stats = compute(raw_root)
+        reports = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(noise_glob))]
     except (FileNotFoundError, KeyError) as exc:
         _fail(exc.args[0] if exc.args else str(exc), 1)
+    stats["noise"] = {p: n for p, n in noise_summary(reports).items() if p in stats["platforms"]}
     if out:
         atomic_write_json(out, stats)
     click.echo(json.dumps(stats, indent=1) if as_json else format_stats(stats))
