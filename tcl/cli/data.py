@@ -12,8 +12,16 @@ import click
 def _load_params(path: str) -> dict:
     import yaml
 
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        with open(path) as f:
+            params = yaml.safe_load(f)
+    except OSError as exc:
+        _fail(f"cannot read params file {path}: {exc.strerror}", 1)
+    except yaml.YAMLError as exc:
+        _fail(f"{path}: not valid YAML ({exc})", 1)
+    if not isinstance(params, dict):
+        _fail(f"{path}: expected a YAML mapping of parameters", 1)
+    return params
 
 
 def _fail(message: str, code: int = 2):
@@ -271,11 +279,14 @@ def featurize(records, out, max_len, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
     """Split a feature set into train/valid/test, holding out whole networks for test."""
-    from ..features import FeatureSet
+    from ..features import load_feature_set
     from ..split import split_by_network
 
-    fs = FeatureSet.load(features)
-    parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+    try:
+        fs = load_feature_set(features)
+        parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+    except ValueError as exc:
+        _fail(f"{features}: {exc}" if not str(exc).startswith(features) else str(exc), 1)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     summary = {}
     for name, part in parts.items():
@@ -293,7 +304,14 @@ def dataset_pack(params_path: str, out: str) -> None:
     from ..collect.pack import pack
 
     params = _load_params(params_path)
-    summary = pack(params["dataset"]["out"], params["platforms"], out)
+    try:
+        work, platforms = params["dataset"]["out"], params["platforms"]
+    except (KeyError, TypeError):
+        _fail(f"{params_path}: pack needs `dataset.out` and `platforms`", 1)
+    try:
+        summary = pack(work, platforms, out)
+    except (OSError, ValueError) as exc:
+        _fail(f"pack failed, {out} left as it was: {exc}", 1)
     click.echo(json.dumps(summary, indent=2))
 
 
