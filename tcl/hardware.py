@@ -132,15 +132,22 @@ def _positive_int(value, what: str, where: str) -> int | None:
     return value
 
 
-def _families(raw: dict, where: str, defined_in: str, known: dict[str, Family]) -> dict[str, Family]:
-    out = {}
-    for name, f in raw["families"].items():
-        at = f"{where}: family {name!r}"
-        _check_name(name, "family", where)
+def _entries(section: dict, kind: str, where: str, known: dict):
+    """(name, entry, where-text) of a section's entries of `kind` ("family" or "platform"), each
+    checked for a valid, new name and an object body."""
+    for name, entry in section.items():
+        at = f"{where}: {kind} {name!r}"
+        _check_name(name, kind, where)
         if name in known:
             raise HardwareRegistryError(f"{at} is already defined in {known[name].defined_in}")
-        if not isinstance(f, dict):
-            raise HardwareRegistryError(f"{at}: expected an object with vendor, architecture, isa")
+        if not isinstance(entry, dict):
+            raise HardwareRegistryError(f"{at}: expected a JSON object")
+        yield name, entry, at
+
+
+def _families(raw: dict, where: str, defined_in: str, known: dict[str, Family]) -> dict[str, Family]:
+    out = {}
+    for name, f, at in _entries(raw["families"], "family", where, known):
         missing = [k for k in ("vendor", "architecture", "isa") if not isinstance(f.get(k), str) or not f[k]]
         if missing:
             raise HardwareRegistryError(f"{at}: missing {', '.join(missing)}")
@@ -151,13 +158,7 @@ def _families(raw: dict, where: str, defined_in: str, known: dict[str, Family]) 
 def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Family],
                known: dict[str, Platform]) -> dict[str, Platform]:
     out = {}
-    for name, p in raw["platforms"].items():
-        at = f"{where}: platform {name!r}"
-        _check_name(name, "platform", where)
-        if name in known:
-            raise HardwareRegistryError(f"{at} is already defined in {known[name].defined_in}")
-        if not isinstance(p, dict):
-            raise HardwareRegistryError(f"{at}: expected an object with at least 'family'")
+    for name, p, at in _entries(raw["platforms"], "platform", where, known):
         fam = families.get(p.get("family"))
         if fam is None:
             raise HardwareRegistryError(f"{at}: unknown family {p.get('family')!r} "
