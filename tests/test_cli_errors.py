@@ -259,3 +259,18 @@ def test_a_rerun_repairs_a_version_a_killed_register_left_without_alias(store, k
     client.delete_registered_model_alias("tcl-kb-testfam", "candidate")  # as if killed before the alias
     assert _register(kb, run_id) == 1
     assert int(client.get_model_version_by_alias("tcl-kb-testfam", "candidate").version) == 1
+
+
+def test_dataset_collect_names_what_its_params_lack(tmp_path):
+    params = tmp_path / "p.yaml"
+    params.write_text("dataset: {out: w}\n")
+    res = tcl("dataset", "collect", "--params", params)
+    assert res.exit_code == 1 and "collect needs `platforms` and `dataset.tasks`" in res.output
+    params.write_text("dataset: {tasks: [no_such_task], programs_per_task: 1, out: w}\nplatforms: [x86-sse-t1]\n")
+    res = tcl("dataset", "collect", "--params", params)
+    assert res.exit_code == 1 and "unknown task(s) no_such_task in dataset.tasks" in res.output
+    params.write_text(f"dataset: {{tasks: [], programs_per_task: 1, out: {tmp_path / 'w'}}}\n"
+                      "platforms: [no-such-platform]\n")
+    res = tcl("dataset", "collect", "--params", params)
+    assert res.exit_code == 1 and "unknown platform 'no-such-platform'" in res.output
+    assert not (tmp_path / "w").exists()

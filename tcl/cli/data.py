@@ -209,10 +209,21 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     from ..hardware import get_platform
 
     params = _load_params(params_path)
-    spec = params["dataset"]
+    spec = params.get("dataset")
+    if not isinstance(spec, dict) or "platforms" not in params or \
+            any(k not in spec for k in ("tasks", "programs_per_task", "out")):
+        _fail(f"{params_path}: collect needs `platforms` and `dataset.tasks`, "
+              "`dataset.programs_per_task`, `dataset.out`", 1)
+    task_names, platform_names = spec["tasks"], params["platforms"]
     all_tasks = network_tasks()
-    tasks = [all_tasks[name] for name in spec["tasks"]][:max_tasks]
-    platforms = [get_platform(name) for name in params["platforms"]]
+    unknown = [name for name in task_names if name not in all_tasks]
+    if unknown:
+        _fail(f"{params_path}: unknown task(s) {', '.join(unknown)} in dataset.tasks", 1)
+    tasks = [all_tasks[name] for name in task_names][:max_tasks]
+    try:
+        platforms = [get_platform(name) for name in platform_names]
+    except (KeyError, ValueError) as exc:
+        _fail(f"{params_path}: {exc.args[0]}", 1)
     summary = run_collect(platforms, tasks, spec["programs_per_task"], spec["out"],
                           settings=_settings(spec.get("measure")), seed=spec.get("seed", 0))
     click.echo(json.dumps(summary, indent=2))
