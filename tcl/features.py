@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,4 +246,39 @@ def featurize_file(records_path: str | os.PathLike, out: str | os.PathLike, max_
     fs = featurize_table(read_records(records_path), max_len)
     fs.meta["source"] = Path(records_path).name
     fs.save(out)
+    return fs
+
+
+class FeatureFileError(ValueError):
+    """A file that cannot be used as a feature set; the message names the file and the reason."""
+
+
+def load_feature_set(path: str | os.PathLike) -> FeatureSet:
+    """FeatureSet.load with one clear error (FeatureFileError) for anything that is not one."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise FeatureFileError(f"{path}: cannot read the feature file ({exc.strerror})") from None
+    if head == b"PAR1":
+        raise FeatureFileError(f"{path}: a records Parquet file, not features: run `tcl featurize "
+                               f"{path} --out FEATURES.npz` first")
+    if not head:
+        raise FeatureFileError(f"{path}: empty file, not a TCL feature file (.npz)")
+    if head != b"PK\x03\x04":  # every .npz is a zip archive
+        raise FeatureFileError(f"{path}: not a TCL feature file (.npz, a zip archive); "
+                               "make one with `tcl featurize`")
+    try:
+        fs = FeatureSet.load(path)
+    except FeatureFileError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        reason = str(exc)  # FeatureSet.load's own errors already name the file
+        raise FeatureFileError(reason if reason.startswith(str(path)) else
+                               f"{path}: not a TCL feature file ({type(exc).__name__}: {reason})") from None
+    n = len(fs.y)
+    if fs.x.ndim != 3 or fs.mask.shape != fs.x.shape[:2] or not (len(fs.x) == len(fs.task) == n):
+        raise FeatureFileError(f"{path}: inconsistent arrays (x {fs.x.shape}, mask {fs.mask.shape}, "
+                               f"y {fs.y.shape}, task {fs.task.shape})")
     return fs

@@ -60,7 +60,7 @@ def family_platforms(family: str, params: dict) -> list[str]:
     for p in platforms:
         try:
             actual = family_of(p)
-        except KeyError as exc:
+        except (KeyError, ValueError) as exc:  # ValueError: a broken user hardware.json
             raise click.ClickException(str(exc.args[0])) from None
         if actual != family:
             raise click.ClickException(f"platform {p!r} belongs to family {actual!r}, not {family!r} "

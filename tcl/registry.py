@@ -18,6 +18,7 @@ MLflow is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -228,6 +229,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 if tags.get("checkpoint_sha256") == ckpt_sha and (
                         run_id is None or tags.get("run_id") == run_id) and (
                         given_onnx_sha is None or tags.get("onnx_sha256") == given_onnx_sha):
+                    _repair_alias(client, name, mv)
                     return int(mv.version)
         if run_id is not None:
             try:
@@ -301,12 +303,26 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                     metadata={"family": family, "feature_version": tags["feature_version"]},
                 )
                 mv = mlflow.register_model(info.model_uri, name, tags=tags)
-                client.set_registered_model_alias(name, alias_new(), mv.version)
-                client.set_registered_model_tag(name, "family", family)
+                try:
+                    client.set_registered_model_alias(name, alias_new(), mv.version)
+                    client.set_registered_model_tag(name, "family", family)
+                except BaseException:
+                    # no version without its alias: undo this one (a killed process cannot; a
+                    # rerun repairs that case, see _repair_alias)
+                    with contextlib.suppress(Exception):
+                        client.delete_model_version(name, mv.version)
+                    raise
             finally:
                 if created_run is not None:
                     client.set_terminated(run_id)
     return int(mv.version)
+
+
+def _repair_alias(client, name: str, mv) -> None:
+    """Give the newest registration its `candidate` alias when a killed `register` left it without."""
+    holder = _alias_holder(client, name, alias_new())
+    if holder is None or int(holder.version) < int(mv.version):
+        client.set_registered_model_alias(name, alias_new(), mv.version)
 
 
 def _signature(n_features: int):

@@ -242,7 +242,7 @@ class Predictor:
                 from tcl.hardware import family_of
 
                 family = family_of(platform)
-            except (KeyError, ImportError) as exc:
+            except (KeyError, ValueError, ImportError) as exc:  # ValueError: a broken hardware.json
                 raise ModelMismatchError(f"cannot tell the hardware family of platform "
                                          f"{platform!r} ({exc}); pass family= explicitly") from None
         if family != self.family:

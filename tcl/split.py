@@ -14,6 +14,13 @@ from .features import FeatureSet
 def split_by_network(fs: FeatureSet, test_networks: list[str], valid_fraction: float = 0.1,
                      seed: int = 0) -> dict[str, FeatureSet]:
     held = set(test_networks)
+    missing = sorted(held - set(fs.networks()))
+    if missing:
+        known = ", ".join(fs.networks())
+        raise ValueError(f"test network(s) {', '.join(missing)} not in the data "
+                         + (f"(networks: {known})" if known else
+                            "(its records name no network: pass an empty --test-networks to split "
+                            "by task only)"))
     test_tasks = np.array([bool(held & set(nets)) for nets in fs.task_networks], bool)
     rest = np.flatnonzero(~test_tasks)
     rng = np.random.default_rng(seed)

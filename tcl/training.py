@@ -414,7 +414,7 @@ def resolve_model_path(path) -> Path:
             raise FileNotFoundError(f"no {MODEL_FILE} or {XGB_FILE} under {path}")
         return found[0]
     if not path.is_file():
-        raise FileNotFoundError(path)
+        raise FileNotFoundError(f"no model file or training output at {path}")
     return path
 
 

@@ -212,10 +212,10 @@ def test_predict_refuses_wrong_shapes(kb):
 
 
 def _platforms_by_family():
-    from tcl.hardware import PLATFORMS
+    from tcl.hardware import platforms
 
     out = {}
-    for name, p in PLATFORMS.items():
+    for name, p in platforms().items():
         out.setdefault(p.family, name)
     return out
 

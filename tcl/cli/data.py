@@ -12,8 +12,16 @@ import click
 def _load_params(path: str) -> dict:
     import yaml
 
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        with open(path) as f:
+            params = yaml.safe_load(f)
+    except OSError as exc:
+        _fail(f"cannot read params file {path}: {exc.strerror}", 1)
+    except yaml.YAMLError as exc:
+        _fail(f"{path}: not valid YAML ({exc})", 1)
+    if not isinstance(params, dict):
+        _fail(f"{path}: expected a YAML mapping of parameters", 1)
+    return params
 
 
 def _fail(message: str, code: int = 2):
@@ -29,22 +37,92 @@ def hardware() -> None:
 @hardware.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def hardware_list(as_json: bool) -> None:
-    from ..hardware import PLATFORMS, REGISTRY_VERSION
+    """Platforms of the packaged registry and of the project's own (`defined_in` says which)."""
+    from ..hardware import PACKAGED, HardwareRegistryError, load_registry
 
+    try:
+        reg = load_registry()
+    except HardwareRegistryError as exc:
+        _fail(str(exc), 1)
     rows = [
         {"platform": p.name, "family": p.family, "vendor": p.vendor, "architecture": p.architecture,
          "isa": p.isa, "cpu": p.cpu, "cores": p.cores, "compute_capability": p.compute_capability,
-         "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted}
-        for p in PLATFORMS.values()
+         "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted,
+         "defined_in": p.defined_in}
+        for p in reg.platforms.values()
     ]
     if as_json:
-        click.echo(json.dumps({"version": REGISTRY_VERSION, "platforms": rows}))
+        families = [{"family": f.name, "vendor": f.vendor, "architecture": f.architecture, "isa": f.isa,
+                     "defined_in": f.defined_in} for f in reg.families.values()]
+        click.echo(json.dumps({"version": reg.version, "user_registry": str(reg.user_path),
+                               "families": families, "platforms": rows}))
         return
-    click.echo(f"hardware registry v{REGISTRY_VERSION}")
-    click.echo(f"{'platform':18} {'family':24} {'isa':36} {'cores':>5}  source")
+    n_user = sum(r["defined_in"] != PACKAGED for r in rows)
+    state = f"{n_user} platform(s)" if reg.user_path.is_file() else "none yet"
+    click.echo(f"hardware registry v{reg.version}; user registry {reg.user_path} ({state})")
+    click.echo(f"{'platform':18} {'family':24} {'isa':36} {'cores':>5}  {'source':12} defined in")
     for r in rows:
         cores = r["cores"] if r["cores"] is not None else "-"
-        click.echo(f"{r['platform']:18} {r['family']:24} {r['isa'][:36]:36} {cores!s:>5}  {r['source']}")
+        where = "package" if r["defined_in"] == PACKAGED else "user"
+        click.echo(f"{r['platform']:18} {r['family']:24} {r['isa'][:36]:36} {cores!s:>5}  "
+                   f"{r['source']:12} {where}")
+
+
+@hardware.command("add")
+@click.argument("name")
+@click.option("--family", required=True, help="Family from `tcl hardware list` (or `add-family` first).")
+@click.option("--target", "target_json", default=None,
+              help='TVM target JSON, e.g. \'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\' '
+                   "(makes the platform measurable by `tcl collect`).")
+@click.option("--threads", type=int, default=None, help="TVM_NUM_THREADS when measuring.")
+@click.option("--cpu", default="", help="What the hardware is, in words.")
+@click.option("--cores", type=int, default=None)
+@click.option("--restricted", default="", help="What differs from the full machine (ISA, threads).")
+def hardware_add(name, family, target_json, threads, cpu, cores, restricted) -> None:
+    """Add platform NAME to the project's user registry (see `tcl hardware list` for its path)."""
+    from ..hardware import HardwareRegistryError, add_platform, check_target
+
+    try:
+        target = None if target_json is None else check_target(target_json, "--target")
+        if target is not None:
+            _check_target_with_tvm(target)
+        p = add_platform(name, family, target=target, threads=threads, cpu=cpu, cores=cores,
+                         restricted=restricted)
+    except HardwareRegistryError as exc:
+        _fail(str(exc))
+    click.echo(f"added platform {p.name} (family {p.family}{', measurable' if p.measurable else ''}) "
+               f"to {p.defined_in}")
+
+
+def _check_target_with_tvm(target: dict) -> None:
+    """TVM's own parse of the target, when TVM is installed (an unknown kind or option fails)."""
+    from ..hardware import HardwareRegistryError
+
+    try:
+        import tvm
+    except ImportError:
+        return
+    try:
+        tvm.target.Target(target)
+    except Exception as exc:  # noqa: BLE001 - TVM reports a bad target with several kinds
+        raise HardwareRegistryError(f"--target: TVM refuses {json.dumps(target)}: "
+                                    f"{str(exc).splitlines()[0]}") from None
+
+
+@hardware.command("add-family")
+@click.argument("name")
+@click.option("--vendor", required=True)
+@click.option("--architecture", required=True)
+@click.option("--isa", required=True, help="Instruction set the code is generated for.")
+def hardware_add_family(name, vendor, architecture, isa) -> None:
+    """Add hardware family NAME to the project's user registry."""
+    from ..hardware import HardwareRegistryError, add_family
+
+    try:
+        f = add_family(name, vendor, architecture, isa)
+    except HardwareRegistryError as exc:
+        _fail(str(exc))
+    click.echo(f"added family {f.name} to {f.defined_in}")
 
 
 def _settings(measure: dict | None):
@@ -88,7 +166,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
 
     try:
         platform = get_platform(platform_name)
-    except KeyError as exc:
+    except (KeyError, ValueError) as exc:
         _fail(exc.args[0])
     if not workload and not network:
         _fail("give --workload NAME or --network NAME")
@@ -131,10 +209,21 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     from ..hardware import get_platform
 
     params = _load_params(params_path)
-    spec = params["dataset"]
+    spec = params.get("dataset")
+    if not isinstance(spec, dict) or "platforms" not in params or \
+            any(k not in spec for k in ("tasks", "programs_per_task", "out")):
+        _fail(f"{params_path}: collect needs `platforms` and `dataset.tasks`, "
+              "`dataset.programs_per_task`, `dataset.out`", 1)
+    task_names, platform_names = spec["tasks"], params["platforms"]
     all_tasks = network_tasks()
-    tasks = [all_tasks[name] for name in spec["tasks"]][:max_tasks]
-    platforms = [get_platform(name) for name in params["platforms"]]
+    unknown = [name for name in task_names if name not in all_tasks]
+    if unknown:
+        _fail(f"{params_path}: unknown task(s) {', '.join(unknown)} in dataset.tasks", 1)
+    tasks = [all_tasks[name] for name in task_names][:max_tasks]
+    try:
+        platforms = [get_platform(name) for name in platform_names]
+    except (KeyError, ValueError) as exc:
+        _fail(f"{params_path}: {exc.args[0]}", 1)
     summary = run_collect(platforms, tasks, spec["programs_per_task"], spec["out"],
                           settings=_settings(spec.get("measure")), seed=spec.get("seed", 0))
     click.echo(json.dumps(summary, indent=2))
@@ -201,11 +290,14 @@ def featurize(records, out, max_len, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
     """Split a feature set into train/valid/test, holding out whole networks for test."""
-    from ..features import FeatureSet
+    from ..features import load_feature_set
     from ..split import split_by_network
 
-    fs = FeatureSet.load(features)
-    parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+    try:
+        fs = load_feature_set(features)
+        parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+    except ValueError as exc:
+        _fail(f"{features}: {exc}" if not str(exc).startswith(features) else str(exc), 1)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     summary = {}
     for name, part in parts.items():
@@ -223,7 +315,14 @@ def dataset_pack(params_path: str, out: str) -> None:
     from ..collect.pack import pack
 
     params = _load_params(params_path)
-    summary = pack(params["dataset"]["out"], params["platforms"], out)
+    try:
+        work, platforms = params["dataset"]["out"], params["platforms"]
+    except (KeyError, TypeError):
+        _fail(f"{params_path}: pack needs `dataset.out` and `platforms`", 1)
+    try:
+        summary = pack(work, platforms, out)
+    except (OSError, ValueError) as exc:
+        _fail(f"pack failed, {out} left as it was: {exc}", 1)
     click.echo(json.dumps(summary, indent=2))
 
 

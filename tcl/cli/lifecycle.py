@@ -249,10 +249,13 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
     """
     import numpy as np
 
-    from tcl.features import FeatureSet
+    from tcl.features import FeatureFileError, load_feature_set
     from tcl.serving import load_predictor
 
-    fs = FeatureSet.load(features)
+    try:
+        fs = load_feature_set(features)
+    except FeatureFileError as exc:
+        raise click.ClickException(str(exc)) from None
     pred = load_predictor(model_ref, chunk=chunk, fused=fused)
     scores = pred.predict_features(fs, family=family)
     if out:

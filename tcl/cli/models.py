@@ -80,9 +80,13 @@ def _flatten(prefix: str, d: dict) -> dict:
 
 
 def load_sets(paths) -> list:
-    from tcl.features import FeatureSet
+    """FeatureSets of `paths`; a file that is not one stops the command with its reason."""
+    from tcl.features import FeatureFileError, load_feature_set
 
-    return [FeatureSet.load(p) for p in paths]
+    try:
+        return [load_feature_set(p) for p in paths]
+    except FeatureFileError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
@@ -105,6 +109,11 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
         if found:
             return found[0]
     raise click.ClickException(f"{ref} holds no TCL checkpoint (model.pt, checkpoint.pt or model.json)")
+
+
+def _reason(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def evaluate_model(model, sets) -> dict:
@@ -146,6 +155,9 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
     config = {**model_config(kind, preset, params, presets_path), **overrides}
     train_params = {**DEFAULT_TRAIN, **(params.get("train") or {}), **train_overrides}
     train_sets, valid_sets, test_sets = load_sets(data), load_sets(valid), load_sets(test)
+    for path, fs in zip(data, train_sets):
+        if len(fs) == 0:
+            raise click.ClickException(f"{path}: no programs to train on")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -279,10 +291,16 @@ def evaluate(model_ref, data, out, label, as_json):
     from tcl.io import atomic_write_json
     from tcl.training import load_trained
 
+    sets = load_sets(data)
     with tempfile.TemporaryDirectory(prefix="tcl-eval-") as tmp:
-        path = resolve_model(model_ref, tmp)
-        model, info = load_trained(path)
-        result = evaluate_model(model, load_sets(data))
+        try:
+            path = resolve_model(model_ref, tmp)
+            model, info = load_trained(path)
+        except click.ClickException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
+            raise click.ClickException(f"cannot load model {model_ref}: {_reason(exc)}") from None
+        result = evaluate_model(model, sets)
     result["model"] = model_ref
     result["kind"] = info.get("kind")
     if label:

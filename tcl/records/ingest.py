@@ -100,21 +100,27 @@ def ingest(src, platform: str, out: str | os.PathLike, fmt: str = "auto",
     report = IngestReport()
     records: list[Record] = []
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
-    with atomic_path(rejects_path) as tmp_rejects, open(tmp_rejects, "w") as rej, gc_paused():
-        for item in tqdm(iter_source(src, platform, fmt), disable=not progress, unit="rec", desc="ingest"):
-            if isinstance(item, Record):
-                records.append(item)
-            else:
-                report.count(item.reason)
-                rej.write(json.dumps(item._asdict()) + "\n")
-    report.records = len(records)
-    report.tasks = len({r.task_id for r in records})
-    report.rejects_path = str(rejects_path)
-    if not records:
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(report.rejected.items())) or "nothing read"
-        raise NoValidRecords(f"{src}: no valid records remain ({reasons}); rejects kept in {rejects_path}")
-    with atomic_path(out, suffix=".parquet") as tmp:
-        pq.write_table(records_to_table(records), tmp)
+    # the new rejects replace the old only after the new Parquet has replaced its own: a failed
+    # ingest leaves the previous pair as it was
+    with atomic_path(rejects_path) as tmp_rejects:
+        with open(tmp_rejects, "w") as rej, gc_paused():
+            for item in tqdm(iter_source(src, platform, fmt), disable=not progress, unit="rec", desc="ingest"):
+                if isinstance(item, Record):
+                    records.append(item)
+                else:
+                    report.count(item.reason)
+                    rej.write(json.dumps(item._asdict()) + "\n")
+        report.records = len(records)
+        report.tasks = len({r.task_id for r in records})
+        report.rejects_path = str(rejects_path)
+        if not records:
+            failed = out.with_name(out.name + ".failed-rejects.jsonl")
+            os.replace(tmp_rejects, failed)
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(report.rejected.items())) or "nothing read"
+            raise NoValidRecords(f"{src}: no valid records remain ({reasons}); rejects of this run kept in "
+                                 f"{failed}, {out} left as it was")
+        with atomic_path(out, suffix=".parquet") as tmp:
+            pq.write_table(records_to_table(records), tmp)
     return report
 
 
