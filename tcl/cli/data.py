@@ -326,6 +326,25 @@ def dataset_pack(params_path: str, out: str) -> None:
     click.echo(json.dumps(summary, indent=2))
 
 
+@dataset.command("snapshot")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--out", default="data/collecting", show_default=True)
+def dataset_snapshot(params_path: str, out: str) -> None:
+    """Save every record of the working databases (matched or not), gzip, to resume later."""
+    from ..collect.pack import pack
+
+    params = _load_params(params_path)
+    try:
+        work, platforms = params["dataset"]["out"], params["platforms"]
+    except (KeyError, TypeError):
+        _fail(f"{params_path}: snapshot needs `dataset.out` and `platforms`", 1)
+    try:
+        summary = pack(work, platforms, out, matched_only=False)
+    except (OSError, ValueError) as exc:
+        _fail(f"snapshot failed, {out} left as it was: {exc}", 1)
+    click.echo(json.dumps(summary, indent=2))
+
+
 @dataset.command("unpack")
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
 @click.option("--raw", "raw_root", default="data/raw", show_default=True, type=click.Path(file_okay=False))

@@ -38,19 +38,25 @@ def _read_db(db_dir: Path):
     return {w[0]: w for w in workloads}, records
 
 
-def pack(work_root: str, platforms: list[str], out_root: str) -> dict:
+def pack(work_root: str, platforms: list[str], out_root: str, matched_only: bool = True) -> dict:
     """Write the bundle of `platforms` under `out_root`; all platforms are staged before any
-    replaces its old folder, so a failure (a missing file, a full disk) changes nothing."""
+    replaces its old folder, so a failure (a missing file, a full disk) changes nothing.
+
+    `matched_only=False` keeps every record of each platform instead: a snapshot of a collection
+    in progress (`tcl dataset snapshot`), committed so that an interrupted collection loses nothing
+    and a later session resumes from it with `tcl dataset unpack --raw SNAPSHOT`.
+    """
     work_root, out_root = Path(work_root), Path(out_root)
     dbs = {p: _read_db(work_root / p) for p in platforms}
-    keys = [{(s, pid) for s, pid, _ in dbs[p][1]} for p in platforms]
-    matched = set.intersection(*keys) if keys else set()
-    kept_shash = sorted({s for s, _ in matched})
-    index = {s: i for i, s in enumerate(kept_shash)}
+    keys = {p: {(s, pid) for s, pid, _ in dbs[p][1]} for p in platforms}
+    common = set.intersection(*keys.values()) if keys else set()
     staged = {p: out_root / f".{p}.packing" for p in platforms}
     summary = {}
     try:
         for p in platforms:
+            matched = common if matched_only else keys[p]
+            kept_shash = sorted({s for s, _ in matched})
+            index = {s: i for i, s in enumerate(kept_shash)}
             workloads, records = dbs[p]
             out = staged[p]
             shutil.rmtree(out, ignore_errors=True)  # left by a crashed pack
