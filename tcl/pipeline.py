@@ -11,7 +11,7 @@ dvc.yaml is one call of this module with the family name::
     python -m tcl.pipeline profile-args params-paper.yaml   # -S flags for `dvc exp run`
 
 The work itself is done by the same functions as `tcl train`, `tcl evaluate` and
-`tcl register` (tcl.cli.models.run_train, tcl.metrics, tcl.registry.register_kb).
+`tcl register` (tcl.experiments.run_train, tcl.metrics, tcl.registry.register_kb).
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ DEFAULT_EXPERIMENT = "tcl-pipeline"
 
 
 def load_params(path: str | os.PathLike = "params.yaml") -> dict:
-    import yaml
+    from tcl.config import ParamsError
+    from tcl.config import load_params as load
 
-    p = Path(path)
-    if not p.is_file():
-        raise click.ClickException(f"params file not found: {p}")
-    return yaml.safe_load(p.read_text()) or {}
+    try:
+        return load(path)
+    except ParamsError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def family_platforms(family: str, params: dict) -> list[str]:
@@ -116,21 +117,24 @@ def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
                  params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR) -> dict:
     """Train the family's KB (Mamba, ``pipeline.preset``) on its platforms' train splits with the
     valid splits for early stopping; ``pipeline.train`` overrides ``train:``. One MLflow run."""
-    from tcl.cli.models import run_train
+    from tcl.experiments import JobError, run_train
     from tcl.io import atomic_write_json
 
     params = load_params(params_path)
     platforms = family_platforms(family, params)
     pipe = params.get("pipeline") or {}
     preset = str(pipe.get("preset", "kb"))
-    summary = run_train(
-        "mamba",
-        split_files(platforms, "train", splits_dir),
-        split_files(platforms, "valid", splits_dir),
-        split_files(platforms, "test", splits_dir),
-        preset, params_path, {}, dict(pipe.get("train") or {}), out,
-        experiment=str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
-        run_name=f"{preset}-{family}", progress=False)
+    try:
+        summary = run_train(
+            "mamba",
+            split_files(platforms, "train", splits_dir),
+            split_files(platforms, "valid", splits_dir),
+            split_files(platforms, "test", splits_dir),
+            params, out, preset=preset, train_overrides=dict(pipe.get("train") or {}),
+            experiment=str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
+            run_name=f"{preset}-{family}", progress=False)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
     loss, valid = learning_curves(json.loads((Path(out) / "history.json").read_text()))
     atomic_write_json(loss_plot, loss)
     atomic_write_json(valid_plot, valid)
@@ -147,19 +151,19 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
     from tcl import metrics as M
     from tcl.features import FeatureSet
     from tcl.io import atomic_write_json
-    from tcl.training import load_trained, predict_scores
+    from tcl.models import load_model
 
     params = load_params(params_path)
     platforms = family_platforms(family, params)
     files = split_files(platforms, "test", splits_dir)
-    net, info = load_trained(model)
+    net = load_model(model)
     per_platform = {}
     for platform, path in zip(platforms, files):
         fs = FeatureSet.load(path)
         if len(fs) == 0:
             raise click.ClickException(f"{path} is empty: no held-out programs to evaluate on")
-        per_platform[platform] = M.evaluate(predict_scores(net, fs), fs)
-    result = {"family": family, "platforms": platforms, "kind": info.get("kind"),
+        per_platform[platform] = M.evaluate(net.predict_features(fs), fs)
+    result = {"family": family, "platforms": platforms, "kind": net.kind,
               **M.mean_metrics(list(per_platform.values())),
               "n_programs": sum(r["n_programs"] for r in per_platform.values()),
               "per_platform": per_platform}
@@ -192,9 +196,7 @@ def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: 
 
 def profile_args(path: str | os.PathLike) -> list[str]:
     """``-S key=value`` arguments for `dvc exp run` from a params profile (nested keys dotted)."""
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_params(path)
     args: list[str] = []
 
     def walk(prefix: str, node) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tcl import tracking
+from tcl.io import file_sha256
 
 PREFIX = "tcl-kb-"
 REGISTRY_EXPERIMENT = "tcl-registry"
@@ -54,22 +55,13 @@ def model_name(family: str) -> str:
     return PREFIX + family
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _defaults() -> dict:
     """registry section of params.yaml (alias_new, alias_serve)."""
-    try:
-        import yaml
+    from tcl.config import ParamsError, load_params
 
-        params = yaml.safe_load((tracking.repo_root() / "params.yaml").read_text()) or {}
-        return dict(params.get("registry") or {})
-    except (OSError, ValueError):
+    try:
+        return dict(load_params(tracking.repo_root() / "params.yaml", required=False).get("registry") or {})
+    except ParamsError:
         return {}
 
 

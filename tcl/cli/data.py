@@ -10,10 +10,12 @@ import click
 
 
 def _load_params(path: str) -> dict:
-    import yaml
+    from ..config import ParamsError, load_params
 
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        return load_params(path)
+    except ParamsError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _fail(message: str, code: int = 2):

@@ -64,11 +64,11 @@ def _subset(fs, n: int) -> _Arrays:
 
 
 def _config(name: str, params: dict) -> tuple[str, dict]:
+    from tcl.models import model_config, parse_model_name
+
+    kind, preset = parse_model_name(name)
     models = {**DEFAULT_PARAMS["models"], **(params.get("models") or {})}
-    if name.startswith("mamba"):
-        preset = name.split("-", 1)[1] if "-" in name else "kb"
-        return "mamba", dict((models.get("mamba") or {}).get(preset) or DEFAULT_PARAMS["models"]["mamba"][preset])
-    return name, dict(models.get(name) or {})
+    return kind, model_config(kind, {"models": models}, preset)
 
 
 def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: float, threads: int,
@@ -76,13 +76,13 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
     import torch
 
     from tcl.losses import lambdarank_loss
-    from tcl.models.nets import build_model
+    from tcl.models import new_model
     from tcl.training import tune_malloc
 
     torch.set_num_threads(threads)
     tune_malloc()
     torch.manual_seed(0)
-    model = build_model(kind, data.x.shape[2], **config).to(device)
+    model = new_model(kind, data.x.shape[2], config).net.to(device)
     if scan != "auto" and hasattr(model, "set_scan_method"):
         model.set_scan_method(scan)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -116,13 +116,13 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
 
 
 def _bench_xgb(config: dict, data: _Arrays, threads: int, rounds: int = 10) -> dict:
-    from tcl.models.xgb import XGBCostModel
+    from tcl.models.xgb import XGBModel
 
     full = int(config.get("n_estimators", 200))
     rounds = max(1, min(rounds, full))
-    model = XGBCostModel(config={**config, "n_estimators": rounds}, n_threads=threads)
+    model = XGBModel(data.x.shape[2], config={**config, "n_estimators": rounds}, n_threads=threads)
     t0 = time.perf_counter()
-    model.fit(data)
+    model.boost([data])
     seconds = (time.perf_counter() - t0) * full / rounds
     return {"samples_per_s": len(data) / seconds, "seconds": seconds, "n_params": None, "size_mb": None}
 
@@ -146,7 +146,7 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         kind, config = _config(name, params)
-        if kind == "xgb":
+        if kind == "xgb":  # boosting rounds, not epochs: timed differently
             r = _bench_xgb(config, data, threads)
         else:
             r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
