@@ -239,7 +239,7 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     # and the PyTorch checkpoint agree
     import torch
 
-    from tcl.models.checkpoint import load_checkpoint
+    from tcl.models.nets import load_checkpoint
 
     model, _ = load_checkpoint(root / "models" / "x86-sse" / "model.pt")
     with torch.no_grad():
