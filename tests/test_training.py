@@ -307,3 +307,26 @@ def test_cli_train_presets_file_supplies_the_mamba_config(tmp_path, monkeypatch)
     res = CliRunner().invoke(main, ["train", "--model", "mamba", "--presets", str(presets), "--preset", "nope",
                                     "--data", str(tmp_path / "train.npz"), "--out", str(tmp_path / "o2")])
     assert res.exit_code != 0 and "nope" in res.output
+
+
+def test_cli_train_init_starts_from_a_saved_model(tmp_path, monkeypatch):
+    """`tcl train --init DIR` warm-starts from DIR's model: with lr 0 nothing moves, so the new
+    run keeps exactly the given model; a model of another kind is refused by name."""
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.models import load_model
+
+    first = _train_cli(tmp_path, monkeypatch, "mlp", {"models": {"mlp": MLP}, "train": {**TRAIN, "epochs": 1}})
+    args = ["train", "--data", str(tmp_path / "train.npz"), "--valid", str(tmp_path / "valid.npz"),
+            "--params", str(tmp_path / "params.yaml"), "--init", str(tmp_path / "out"), "--json"]
+    res = CliRunner().invoke(main, args + ["--model", "mlp", "--out", str(tmp_path / "warm"),
+                                           "--train-set", "lr=0"])
+    assert res.exit_code == 0, res.output
+    warm = json.loads(res.output.strip().splitlines()[-1])
+    assert warm["best_valid_top1"] == pytest.approx(first["best_valid_top1"])
+    valid = FeatureSet.load(tmp_path / "valid.npz")
+    np.testing.assert_array_equal(load_model(tmp_path / "warm").predict_features(valid),
+                                  load_model(tmp_path / "out").predict_features(valid))
+    res = CliRunner().invoke(main, args + ["--model", "tlp", "--out", str(tmp_path / "other")])
+    assert res.exit_code != 0 and "is a mlp model, not tlp" in res.output

@@ -319,12 +319,7 @@ def build_net(kind: str, n_features: int, **config) -> nn.Module:
     """A net of `kind` (mamba | mlp | tlp) for F = n_features; unknown config keys raise."""
     if kind not in NET_MODELS:
         raise ValueError(f"unknown net kind {kind!r}; expected one of {tuple(NET_MODELS)}")
-    allowed = set(DEFAULTS[kind]) | ({"dt_rank"} if kind == "mamba" else set())
-    unknown = set(config) - allowed
-    if unknown:
-        raise ValueError(f"unknown {kind} config keys: {sorted(unknown)} (allowed: {sorted(allowed)})")
-    cfg = {**DEFAULTS[kind], **config}
-    return NET_MODELS[kind].net_class(int(n_features), **cfg)
+    return NET_MODELS[kind].build_net(n_features, config)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
@@ -436,15 +431,27 @@ def _scan_bound(net: nn.Module, max_len: int):
 
 
 class NetCostModel(CostModel):
-    """A torch net behind the CostModel interface; trained by ``tcl.training.fit_net``."""
+    """A torch net behind the CostModel interface; trained by ``tcl.training.fit_net``.
+    A subclass names its ``net_class`` and the ``defaults`` of its config."""
 
     onnx_export = True
     net_class: type[nn.Module]
+    defaults: dict = {}
+    optional_keys: frozenset = frozenset()  # config keys accepted without a default
 
     def __init__(self, n_features: int, config: dict | None = None, feature_meta: dict | None = None,
                  net: nn.Module | None = None):
         super().__init__(n_features, config, feature_meta)
-        self.net = net if net is not None else build_net(self.kind, self.n_features, **self.config)
+        self.net = net if net is not None else self.build_net(self.n_features, self.config)
+
+    @classmethod
+    def build_net(cls, n_features: int, config: dict) -> nn.Module:
+        """The net for F = n_features; unknown config keys raise."""
+        allowed = set(cls.defaults) | set(cls.optional_keys)
+        unknown = set(config) - allowed
+        if unknown:
+            raise ValueError(f"unknown {cls.kind} config keys: {sorted(unknown)} (allowed: {sorted(allowed)})")
+        return cls.net_class(int(n_features), **{**cls.defaults, **config})
 
     @staticmethod
     def _tensors(x, mask) -> tuple[torch.Tensor, torch.Tensor]:
@@ -474,11 +481,13 @@ class NetCostModel(CostModel):
 
     @classmethod
     def load(cls, path) -> "NetCostModel":
-        net, info = load_checkpoint(path)
-        model_cls = NET_MODELS[info["kind"]]
-        if not issubclass(model_cls, cls):
+        state, info = read_checkpoint(path)
+        model_cls = cls if info["kind"] == cls.kind else NET_MODELS.get(info["kind"])
+        if model_cls is None or not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds a {info['kind']} model, not {cls.kind}")
-        model = model_cls(int(info["n_features"]), info.get("config"), info.get("feature_meta"), net=net)
+        model = model_cls(int(info["n_features"]), info.get("config"), info.get("feature_meta"))
+        model.net.load_state_dict(state, strict=True)
+        model.net.eval()
         model.extra = dict(info.get("extra") or {})
         return model
 
@@ -504,17 +513,21 @@ class NetCostModel(CostModel):
 class MambaModel(NetCostModel):
     kind = "mamba"
     net_class = MambaNet
+    defaults = DEFAULTS["mamba"]
+    optional_keys = frozenset({"dt_rank"})
     default_preset = "kb"  # params.yaml models.mamba.kb: the deployed KB
 
 
 class MLPModel(NetCostModel):
     kind = "mlp"
     net_class = MLPNet
+    defaults = DEFAULTS["mlp"]
 
 
 class TLPModel(NetCostModel):
     kind = "tlp"
     net_class = TLPNet
+    defaults = DEFAULTS["tlp"]
 
 
 NET_MODELS: dict[str, type[NetCostModel]] = {m.kind: m for m in (MambaModel, MLPModel, TLPModel)}
