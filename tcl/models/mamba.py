@@ -156,7 +156,7 @@ class Mamba(nn.Module):
         m = self.scan_method
         if m != "auto":
             return m
-        if torch.onnx.is_in_onnx_export() and not dynamoexporting():
+        if torch.onnx.is_in_onnx_export() and not dynamo_exporting():
             return "loop"  # the TorchScript exporter: an ONNX Scan loop (tcl.models.mamba_onnx)
         if exporting():
             L = x.shape[0] if time_major else x.shape[1]
