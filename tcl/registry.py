@@ -176,8 +176,9 @@ def _alias_holder(client, name: str, alias: str):
 
 def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list[str] | str,
                 run_id: str | None, eval_metrics: dict, eval_data_hash: str, data_hash: str,
-                onnx_path: str | os.PathLike | None = None) -> int:
-    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``.
+                onnx_path: str | os.PathLike | None = None, alias: str | None = None) -> int:
+    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``
+    with `alias` (default: params ``registry.alias_new``, i.e. ``candidate``).
 
     Returns the version number. When `onnx_path` is None the checkpoint is exported here. When
     `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
@@ -293,7 +294,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                     metadata={"family": family, "feature_version": tags["feature_version"]},
                 )
                 mv = mlflow.register_model(info.model_uri, name, tags=tags)
-                client.set_registered_model_alias(name, alias_new(), mv.version)
+                client.set_registered_model_alias(name, alias or alias_new(), mv.version)
                 client.set_registered_model_tag(name, "family", family)
             finally:
                 if created_run is not None:

@@ -103,3 +103,52 @@ def test_serving_imports_neither_torch_nor_mlflow():
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mlflow'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+
+
+# the modules whose code each DVC stage of dvc.yaml runs: its command's module and the stage
+# modules that command calls (the command modules are thin dispatchers: only their own file counts,
+# their imports serve other commands)
+STAGE_CODE = {
+    "ingest": ["tcl.cli.data", "tcl.records.ingest", "tcl.hardware"],
+    "featurize": ["tcl.cli.data", "tcl.features"],
+    "split": ["tcl.cli.data", "tcl.split", "tcl.features"],
+    "train": ["tcl.pipeline", "tcl.experiments", "tcl.hardware", "tcl.config", "tcl.io"],
+    "evaluate": ["tcl.pipeline", "tcl.models", "tcl.metrics", "tcl.features", "tcl.hardware", "tcl.config", "tcl.io"],
+    "export": ["tcl.cli.lifecycle", "tcl.export", "tcl.registry"],
+    "register": ["tcl.pipeline", "tcl.registry", "tcl.export", "tcl.tracking", "tcl.hardware", "tcl.config", "tcl.io"],
+}
+DISPATCHERS = ("tcl.cli", "tcl.pipeline")
+
+
+def _closure(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if not (m == "tcl.pipeline" or m.startswith("tcl.cli")):
+            todo.extend(graph[m])
+    return seen
+
+
+def _module_file(mod: str) -> Path:
+    p = REPO.joinpath(*mod.split("."))
+    return p / "__init__.py" if p.is_dir() else p.with_suffix(".py")
+
+
+def test_every_dvc_stage_declares_the_code_it_runs_and_the_hardware_registry():
+    import yaml
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert set(stages) == set(STAGE_CODE)
+    graph = import_graph()
+    for name, stage in stages.items():
+        deps = [d for d in stage["do"]["deps"] if d.startswith("tcl/")]
+        assert "tcl/data/hardware.json" in deps, name
+        for d in deps:
+            assert (REPO / d).exists(), f"{name}: dep {d} does not exist"
+        for mod in _closure(graph, STAGE_CODE[name]):
+            rel = _module_file(mod).relative_to(REPO).as_posix()
+            covered = any(rel == d or rel.startswith(d.rstrip("/") + "/") for d in deps)
+            assert covered, f"stage {name} runs {rel} but does not list it (or its folder) in deps"
