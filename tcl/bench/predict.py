@@ -39,15 +39,15 @@ def model_for(name: str, n_features: int, params: dict | None = None):
     (configs from params ``models``, else the built-in defaults)."""
     import torch
 
-    from tcl.models import model_config, new_model, parse_model_name
+    from tcl.models import model_class, model_config, new_model, parse_model_name
 
     kind, preset = parse_model_name(name)
     try:
         config = model_config(kind, params or {}, preset)
     except KeyError:
-        if (preset or "kb") != "kb" or kind != "mamba":
+        if preset not in (None, model_class(kind).default_preset):
             raise
-        config = {}  # no params: the built-in KB defaults
+        config = {}  # no params: the kind's built-in defaults (Mamba's are the KB preset's)
     torch.manual_seed(0)
     model = new_model(kind, n_features, config)
     if not hasattr(model, "net"):

@@ -133,6 +133,9 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
     """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape,
     device}. `device` is a torch device for the nets ("cuda" on a GPU); xgb always runs on the CPU. `scan`
     forces the Mamba scan method (tcl.models.mamba: fast, ref, cuda, ...; auto = the block's choice)."""
+    from tcl.models import model_class
+    from tcl.models.nets import NetCostModel
+
     params = params or {}
     train = {**DEFAULT_PARAMS["train"], **(params.get("train") or {})}
     max_len = int((params.get("featurize") or {}).get("max_len", DEFAULT_PARAMS["featurize"]["max_len"]))
@@ -146,14 +149,15 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         kind, config = _config(name, params)
-        if kind == "xgb":  # boosting rounds, not epochs: timed differently
-            r = _bench_xgb(config, data, threads)
-        else:
+        is_net = issubclass(model_class(kind), NetCostModel)
+        if is_net:
             r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
                            device, scan)
+        else:  # boosted trees: rounds, not epochs, timed as one full fit
+            r = _bench_xgb(config, data, threads)
         rows.append({"model": name, "kind": kind, "n_samples": len(data),
                      "shape": list(data.x.shape[1:]), "threads": threads,
-                     "device": "cpu" if kind == "xgb" else str(device), "scan": scan if kind == "mamba" else None, **r,
+                     "device": str(device) if is_net else "cpu", "scan": scan if kind == "mamba" else None, **r,
                      "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
     return rows
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-RUN_FILE = "mlflow_run.json"  # written by `tcl train` beside the checkpoint
+from ..experiments import RUN_FILE  # written by `tcl train` beside the checkpoint
+
 
 
 def _registry_errors(fn):

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import click
 
+from ..experiments import TRAIN_EXPERIMENT
 from ..io import json_safe
 from ..models import KINDS
-
-TRAIN_EXPERIMENT = "tcl-train"
-
 
 def parse_overrides(items) -> dict:
     """KEY=VALUE strings -> dict, values parsed as YAML scalars (2 -> int, 1e-3 -> float)."""
