@@ -53,12 +53,3 @@ def load_params(path: str | os.PathLike | None = DEFAULT_PARAMS, required: bool 
         raise ParamsError(f"{p}: params must be a mapping at the top level, not {type(data).__name__}")
     return data
 
-
-def section(params: dict, dotted: str, default=None):
-    """``params`` at a dotted key (``"models.mamba.kb"``); `default` when a part is missing."""
-    node = params
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node

@@ -34,8 +34,6 @@ import numpy as np
 
 from tcl.io import atomic_path, file_sha256
 
-INPUT_NAMES = ["x", "mask"]
-OUTPUT_NAMES = ["score"]
 INT_KEYS = ("max_len", "n_features", "opset")
 
 

@@ -56,6 +56,7 @@ def test_embed_shape_and_save_load_round_trip(kind, tmp_path):
     x, mask = valid.x[:10], valid.mask[:10]
     z = model.embed(x, mask)
     assert z.shape == (10, EMBED_DIM[kind]) and z.dtype == np.float32 and np.isfinite(z).all()
+    np.testing.assert_allclose(model.embed_features(valid, batch_size=7)[:10], z, rtol=1e-5, atol=1e-6)
     if kind != "xgb":  # the score is the head's reading of the embedding
         head = model.net.decoder if kind == "mlp" else model.net.head
         with torch.no_grad():

@@ -32,7 +32,7 @@ from tcl.models.onnx_placeholders import (causal_conv1d_placeholder, causal_conv
 from tcl.models.scans import (dynamo_exporting, exporting, scan_parallel_tm, scan_sequential_tm,
                               scan_unrolled_tm, selective_scan_ref)
 
-__all__ = ["Mamba", "cuda_kernels_available", "exporting", "SCAN_METHODS"]
+__all__ = ["Mamba", "exporting", "SCAN_METHODS"]
 
 SCAN_METHODS = ("auto", "fast", "parallel", "unrolled", "loop", "ref", "cuda")
 UNROLL_MAX = 128  # export unrolled up to this max_len, as a doubling scan beyond
@@ -58,10 +58,6 @@ def _load_cuda_kernels() -> tuple:
             conv_fn = None
         _CUDA_KERNELS = (scan_fn, conv_fn)
     return _CUDA_KERNELS
-
-
-def cuda_kernels_available() -> bool:
-    return torch.cuda.is_available() and _load_cuda_kernels()[0] is not None
 
 
 class Mamba(nn.Module):
