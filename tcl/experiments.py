@@ -91,6 +91,8 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], par
     # the model: the seed draws its initial weights, or a warm start from a saved model
     seed_everything(int(train_params["seed"]))
     if init is not None:
+        if model_overrides:
+            raise JobError("--set changes the model's shape; a warm start (--init) keeps the saved model's config")
         model = load_model(init)
         if model.kind != kind:
             raise JobError(f"--init {init} is a {model.kind} model, not {kind}")

@@ -33,11 +33,14 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from tcl import metrics as M
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_TRAIN = {
     "seed": 0,
@@ -231,12 +234,12 @@ def write_history(out_dir: Path, history: list) -> None:
 class Batch:
     """One training batch (all rows of one platform), as the loss terms see it."""
 
-    x: "object"          # (B, L, F) float32 tensor
-    mask: "object"       # (B, L) bool tensor
-    y: "object"          # (B,) float32 tensor: normalised throughput
-    task: "object"       # (B,) int64 tensor
-    platform: int        # index into the training sets
-    rows: np.ndarray     # row indices into that FeatureSet
+    x: "torch.Tensor"     # (B, L, F) float32
+    mask: "torch.Tensor"  # (B, L) bool
+    y: "torch.Tensor"     # (B,) float32: normalised throughput
+    task: "torch.Tensor"  # (B,) int64
+    platform: int         # index into the training sets
+    rows: np.ndarray      # row indices into that FeatureSet
 
 
 # ---------------------------------------------------------------------------------------------
