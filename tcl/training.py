@@ -197,7 +197,8 @@ def job_fingerprint(model, train_fs, train_params: dict, trainable=None, extra_l
     desc = {
         "kind": model.kind, "config": model.config,
         "params": {k: v for k, v in params.items() if k not in ("threads",)},
-        "data": [(fs.platform, len(fs), list(fs.x.shape[1:]), float(np.nansum(fs.y))) for fs in as_list(train_fs)],
+        "data": [(fs.platform, len(fs), list(model.inputs(fs)[0].shape[1:]), float(np.nansum(fs.y)))
+                 for fs in as_list(train_fs)],
         "init": _weights_sha1(model), "frozen": frozen, "extra_losses": sorted(extra_losses or {}),
     }
     return hashlib.sha1(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
