@@ -104,6 +104,19 @@ def test_warm_start_reproduces_the_given_weights_before_training(kind, tmp_path)
     assert not np.allclose(new(kind).predict_features(valid), expected)
 
 
+def test_xgb_warm_start_adds_rounds_to_the_loaded_trees(tmp_path):
+    from tcl.models import load_model
+
+    train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=4)
+    first = new("xgb")
+    first.fit([train], [], TRAIN, tmp_path / "a")
+    warm = load_model(tmp_path / "a")
+    np.testing.assert_array_equal(warm.predict_features(valid), first.predict_features(valid))
+    warm.config["n_estimators"] = 3
+    warm.fit([train], [], TRAIN, tmp_path / "b")
+    assert warm.booster.num_boosted_rounds() == CONFIGS["xgb"]["n_estimators"] + 3
+
+
 def test_frozen_parameters_stay_bit_identical(tmp_path):
     from tcl.training import train_model
 

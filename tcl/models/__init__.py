@@ -105,6 +105,4 @@ def saved_kind(path: str | os.PathLike) -> str:
 def load_model(path: str | os.PathLike) -> CostModel:
     """The model saved at `path` (a file or a training output directory), of whatever kind."""
     path = resolve_model_path(path)
-    model = model_class(saved_kind(path)).load(path)
-    model.path = str(path)
-    return model
+    return model_class(saved_kind(path)).load(path)
