@@ -16,6 +16,7 @@ from ..experiments import TRAIN_EXPERIMENT
 from ..io import json_safe
 from ..models import KINDS
 
+
 def parse_overrides(items) -> dict:
     """KEY=VALUE strings -> dict, values parsed as YAML scalars (2 -> int, 1e-3 -> float)."""
     import yaml
