@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tcl import tracking
+from tcl.io import file_sha256
 
 PREFIX = "tcl-kb-"
 REGISTRY_EXPERIMENT = "tcl-registry"
@@ -55,22 +56,13 @@ def model_name(family: str) -> str:
     return PREFIX + family
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _defaults() -> dict:
     """registry section of params.yaml (alias_new, alias_serve)."""
-    try:
-        import yaml
+    from tcl.config import ParamsError, load_params
 
-        params = yaml.safe_load((tracking.repo_root() / "params.yaml").read_text()) or {}
-        return dict(params.get("registry") or {})
-    except (OSError, ValueError):
+    try:
+        return dict(load_params(tracking.repo_root() / "params.yaml", required=False).get("registry") or {})
+    except ParamsError:
         return {}
 
 
@@ -185,8 +177,9 @@ def _alias_holder(client, name: str, alias: str):
 
 def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list[str] | str,
                 run_id: str | None, eval_metrics: dict, eval_data_hash: str, data_hash: str,
-                onnx_path: str | os.PathLike | None = None) -> int:
-    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``.
+                onnx_path: str | os.PathLike | None = None, alias: str | None = None) -> int:
+    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``
+    with `alias` (default: params ``registry.alias_new``, i.e. ``candidate``).
 
     Returns the version number. When `onnx_path` is None the checkpoint is exported here. When
     `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
@@ -304,7 +297,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 )
                 mv = mlflow.register_model(info.model_uri, name, tags=tags)
                 try:
-                    client.set_registered_model_alias(name, alias_new(), mv.version)
+                    client.set_registered_model_alias(name, alias or alias_new(), mv.version)
                     client.set_registered_model_tag(name, "family", family)
                 except BaseException:
                     # no version without its alias: undo this one (a killed process cannot; a

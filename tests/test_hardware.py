@@ -121,7 +121,7 @@ def test_ingest_split_and_predict_accept_a_user_platform(user_registry, tmp_path
     from tcl.export import export_onnx
     from tcl.features import FeatureSet
     from tcl.models.checkpoint import save_checkpoint
-    from tcl.models.nets import build_model
+    from tcl.models.nets import build_net
 
     _add_my_platform()
     records, features = tmp_path / "r.parquet", tmp_path / "f.npz"
@@ -137,7 +137,7 @@ def test_ingest_split_and_predict_accept_a_user_platform(user_registry, tmp_path
 
     torch.manual_seed(0)
     config = {"d_model": 8, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2}
-    model = build_model("mamba", fs.x.shape[2], **config)
+    model = build_net("mamba", fs.x.shape[2], **config)
     save_checkpoint(tmp_path / "kb.pt", model, "mamba", config, dict(fs.meta))
     ours = export_onnx(tmp_path / "kb.pt", tmp_path / "mine.onnx", "my-fam")
     other = export_onnx(tmp_path / "kb.pt", tmp_path / "other.onnx", "x86-sse")

@@ -10,18 +10,12 @@ import click
 
 
 def _load_params(path: str) -> dict:
-    import yaml
+    from ..config import ParamsError, load_params
 
     try:
-        with open(path) as f:
-            params = yaml.safe_load(f)
-    except OSError as exc:
-        _fail(f"cannot read params file {path}: {exc.strerror}", 1)
-    except yaml.YAMLError as exc:
-        _fail(f"{path}: not valid YAML ({exc})", 1)
-    if not isinstance(params, dict):
-        _fail(f"{path}: expected a YAML mapping of parameters", 1)
-    return params
+        return load_params(path)
+    except ParamsError as exc:
+        _fail(str(exc), 1)
 
 
 def _fail(message: str, code: int = 2):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-RUN_FILE = "mlflow_run.json"  # written by `tcl train` beside the checkpoint
+from ..experiments import RUN_FILE  # written by `tcl train` beside the checkpoint
+
 
 
 def _registry_errors(fn):
@@ -220,7 +221,7 @@ def models_show(family, version):
 def models_bench(checkpoint, batch_sizes, seconds, threads, no_sweep, as_json):
     """Serving throughput: onnxruntime vs PyTorch, FLOPs/prediction, matmul GFLOP/s."""
     from tcl import registry
-    from tcl.serving import bench_serving, format_bench
+    from tcl.bench.serving import bench_serving, format_bench
 
     sizes = tuple(int(s) for s in batch_sizes.split(",") if s.strip())
     res = bench_serving(sizes, checkpoint=checkpoint, seconds=seconds, threads=threads,
