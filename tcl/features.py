@@ -23,7 +23,7 @@ import orjson
 from .io import atomic_path
 from .records import STEP_KINDS, gc_paused
 
-FEATURE_VERSION = "steps-v1"
+FEATURE_VERSION = "steps-v2"  # v2: MetaSchedule loop inputs carry their position (no collisions)
 N_NUMERIC = 12
 # Primitives that only look things up; dropping them keeps sequences short (MetaSchedule traces
 # are ~2x longer than Ansor's) without losing a decision.

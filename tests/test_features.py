@@ -65,3 +65,53 @@ def test_feature_file_refuses_pickles(tmp_path):
     (tmp_path / "evil.npz").write_bytes(pickle.dumps({"x": 1}))
     with pytest.raises(ValueError, match="not a TCL feature file"):
         FeatureSet.load(tmp_path / "evil.npz")
+
+
+def _rfactor_trace(loop: str) -> list:
+    """A reduction split in two, rfactor-ed on the outer (l2) or inner (l3) loop of the split."""
+    insts = [["GetSBlock", [], ["C", "main"], ["b0"]],
+             ["GetLoops", ["b0"], [], ["l1"]],
+             ["SamplePerfectTile", ["l1"], [2, 64], ["v4", "v5"]],
+             ["Split", ["l1", "v4", "v5"], [1, 0], ["l2", "l3"]],
+             ["RFactor", [loop], [1], ["b6"]]]
+    return [insts, [[2, [16, 8]]]]
+
+
+def test_rfactor_on_different_loops_gets_different_features():
+    from tcl.records.metaschedule import trace_to_steps
+
+    outer, inner = trace_to_steps(_rfactor_trace("l2")), trace_to_steps(_rfactor_trace("l3"))
+    assert outer[-1] == ["RFactor", 0, 1] and inner[-1] == ["RFactor", 1, 1]  # tile level, factor axis
+    x, _ = Featurizer(8)([outer, inner])
+    assert not np.array_equal(x[0], x[1])
+
+
+def test_no_two_different_traces_of_a_task_share_features_on_the_bundled_data():
+    """Every program of one bundled platform: identical feature rows within a task only for identical traces."""
+    import gzip
+    from pathlib import Path
+
+    import orjson
+
+    from tcl.records import Record, check_latencies
+    from tcl.records.metaschedule import read_database
+
+    db = Path(__file__).resolve().parents[1] / "data" / "raw" / "x86-avx2-t2"
+    if not db.exists():
+        pytest.skip("bundled dataset not present")
+    traces = []  # the independent view: every usable line's (workload, trace text), read by hand
+    with gzip.open(db / "database_tuning_record.json.gz", "rb") as f:
+        for line in f:
+            workload, (trace, run_secs, _target, _args) = orjson.loads(line)
+            if check_latencies(run_secs) is None:
+                traces.append((workload, orjson.dumps(trace)))
+    records = [r for r in read_database(db, "x86-avx2-t2") if isinstance(r, Record)]
+    assert len(records) == len(traces) > 3000
+    x, mask = Featurizer(48)([r.steps for r in records])
+    seen: dict[tuple, bytes] = {}
+    collisions = []
+    for (workload, trace), row, m in zip(traces, x, mask):
+        key = (workload, row.tobytes(), m.tobytes())
+        if seen.setdefault(key, trace) != trace:
+            collisions.append(workload)
+    assert collisions == []

@@ -7,8 +7,11 @@ A trace is `[instructions, decisions]`, an instruction `[kind, inputs, attrs, ou
 a decision `[instruction_index, value]`. Each instruction becomes one step
 `[kind, *numbers_and_strings]`: literal inputs, flattened attrs, and the sampled decision.
 Inputs that name a sampled variable are replaced by its sampled value (a tile size, a
-categorical pick) so a `Split` or `Annotate` step carries the numbers it actually used;
-other variable names (blocks, loops) carry no information and are dropped.
+categorical pick) so a `Split` or `Annotate` step carries the numbers it actually used. A loop
+input becomes its position among the outputs of the instruction that made it (the axis of a
+`GetLoops`, the tile level of a `Split`), like the iterator index of an Ansor step: without it,
+`RFactor` on the outer or the inner loop of a split would be the same step. Block names carry
+no information and are dropped.
 
 Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
 workload's readable name, weight and networks; without it the operator's buffers describe it.
@@ -43,7 +46,7 @@ def trace_to_steps(trace) -> list | str:
     """Steps of a trace, or an error reason string."""
     insts, decisions = trace[0], trace[1]
     decided = {int(i): d for i, d in decisions}
-    values: dict[str, object] = {}
+    values: dict[str, object] = {}  # sampled variable -> its value; loop -> its output position
     steps = []
     for index, inst in enumerate(insts):
         kind, inputs, attrs, outputs = inst
@@ -67,6 +70,9 @@ def trace_to_steps(trace) -> list | str:
                 candidates = attrs[0]
                 if isinstance(decision, int) and 0 <= decision < len(candidates):
                     values[outputs[0]] = candidates[decision]
+        for position, name in enumerate(outputs):
+            if name[:1] == "l" and name not in values:
+                values[name] = position
         steps.append(step)
     return steps
 
