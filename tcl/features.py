@@ -147,10 +147,17 @@ class FeatureSet:
     program_id: np.ndarray
     tasks: list
     task_desc: list
-    task_weight: np.ndarray
+    task_weight: np.ndarray  # occurrences over all networks
     task_networks: list  # list[list[str]]
     platform: str
     meta: dict = field(default_factory=dict)
+    # per task {network: occurrences in that network}; None: each network gets task_weight
+    task_network_weights: list | None = None
+
+    def __post_init__(self):
+        if self.task_network_weights is None:
+            self.task_network_weights = [{n: float(w) for n in nets}
+                                         for nets, w in zip(self.task_networks, self.task_weight)]
 
     def __len__(self) -> int:
         return len(self.y)
@@ -172,6 +179,7 @@ class FeatureSet:
             tasks=[self.tasks[i] for i in used], task_desc=[self.task_desc[i] for i in used],
             task_weight=self.task_weight[used], task_networks=[self.task_networks[i] for i in used],
             platform=self.platform, meta=dict(self.meta),
+            task_network_weights=[dict(self.task_network_weights[i]) for i in used],
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -183,6 +191,8 @@ class FeatureSet:
                     tasks=np.asarray(self.tasks, dtype=str), task_desc=np.asarray(self.task_desc, dtype=str),
                     task_weight=self.task_weight,
                     task_networks=np.asarray([",".join(n) for n in self.task_networks], dtype=str),
+                    task_network_weights=np.asarray(
+                        [json.dumps(w, sort_keys=True) for w in self.task_network_weights], dtype=str),
                     platform=np.asarray(self.platform), meta=np.asarray(json.dumps(self.meta, sort_keys=True)),
                 )
 
@@ -197,12 +207,15 @@ class FeatureSet:
             if not required <= set(z.files):
                 raise ValueError(f"{path}: not a TCL feature file (missing {sorted(required - set(z.files))})")
             meta = json.loads(str(z["meta"]))
+            # files written before per-network weights lack the field: each network then gets task_weight
+            network_weights = ([json.loads(s) for s in z["task_network_weights"].tolist()]
+                               if "task_network_weights" in z.files else None)
             return cls(
                 x=z["x"], mask=z["mask"], y=z["y"], latency=z["latency"], task=z["task"],
                 program_id=z["program_id"], tasks=z["tasks"].tolist(), task_desc=z["task_desc"].tolist(),
                 task_weight=z["task_weight"],
                 task_networks=[[n for n in s.split(",") if n] for s in z["task_networks"].tolist()],
-                platform=str(z["platform"]), meta=meta,
+                platform=str(z["platform"]), meta=meta, task_network_weights=network_weights,
             )
 
 
@@ -228,6 +241,9 @@ def featurize_table(table, max_len: int = 48) -> FeatureSet:
     desc = table.column("task_desc").to_pylist()
     weight = table.column("task_weight").to_pylist()
     nets = table.column("networks").to_pylist()
+    # records ingested before per-network weights: None, each network then gets task_weight
+    net_weights = (table.column("network_weights").to_pylist()
+                   if "network_weights" in table.column_names else None)
     return FeatureSet(
         x=x, mask=mask, y=task_labels(task, latency), latency=latency, task=task,
         program_id=np.asarray(table.column("program_id").to_pylist(), dtype=str),
@@ -235,6 +251,7 @@ def featurize_table(table, max_len: int = 48) -> FeatureSet:
         task_weight=np.asarray([weight[first[t]] for t in tasks], np.float64),
         task_networks=[[n for n in nets[first[t]].split(",") if n] for t in tasks],
         platform=platforms.pop(), meta=featurizer.meta,
+        task_network_weights=[json.loads(net_weights[first[t]]) for t in tasks] if net_weights else None,
     )
 
 

@@ -295,7 +295,7 @@ def evaluate(model_ref, data, out, label, as_json):
         per_net = result.get("per_network") or {}
         for net, m in per_net.items():
             click.echo(f"  {net:24s} top1 {m['top1']:.4f}  top5 {m['top5']:.4f}")
-        for key in ("top1", "top5", "pairwise", "spearman"):
+        for key in ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman"):
             v = result.get(key)
             click.echo(f"  {key:24s} {v:.4f}" if isinstance(v, float) else f"  {key:24s} {v}")
     else:

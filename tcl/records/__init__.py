@@ -54,8 +54,9 @@ class Record:
     platform: str
     task_id: str
     task_desc: str
-    task_weight: float
-    networks: str
+    task_weight: float  # occurrences over all networks
+    networks: str  # comma-separated network names
+    network_weights: str  # JSON {network: occurrences in that network}; "{}" without network info
     steps: list  # [[kind, arg, ...], ...]
     latencies: list
     source: str

@@ -14,7 +14,8 @@ input becomes its position among the outputs of the instruction that made it (th
 no information and are dropped.
 
 Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
-workload's readable name, weight and networks; without it the operator's buffers describe it.
+workload's readable name, weight, networks and occurrences per network (`weights`); without it
+the operator's buffers describe it.
 """
 
 from __future__ import annotations
@@ -139,8 +140,20 @@ def _parse_record(line, workloads, task_meta, platform) -> Record | tuple[str, s
     meta = task_meta.get(shash, {})
     desc = meta.get("desc") or f"ms:{shash[:10]} {_describe_args(args_info)}"
     return Record(platform, meta.get("name", shash), desc, float(meta.get("weight", 1.0)),
-                  ",".join(meta.get("networks", [])), steps, [float(s) for s in run_secs],
-                  "metaschedule")
+                  ",".join(meta.get("networks", [])), network_weights_json(meta), steps,
+                  [float(s) for s in run_secs], "metaschedule")
+
+
+def network_weights_json(meta: dict) -> str:
+    """{network: occurrences in it} of one tasks.json entry, as canonical JSON.
+
+    An entry written before `weights` existed names its networks only; each then gets the
+    task's total weight, which is exact for a task of one network.
+    """
+    weights = meta.get("weights")
+    if not isinstance(weights, dict):
+        weights = {n: meta.get("weight", 1.0) for n in meta.get("networks", [])}
+    return orjson.dumps({str(n): float(w) for n, w in sorted(weights.items())}).decode()
 
 
 def _existing(path: Path) -> Path:
