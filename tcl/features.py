@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import orjson
 
 from .io import atomic_path
-from .records import STEP_KINDS, gc_paused
+from .records import ANSOR_STEP_KINDS, STEP_KINDS, gc_paused
 
 FEATURE_VERSION = "steps-v2"  # v2: MetaSchedule loop inputs carry their position (no collisions)
 N_NUMERIC = 12
@@ -49,7 +50,12 @@ def vocabulary_hash(vocab: dict | None = None) -> str:
 
 
 class Featurizer:
-    """Steps -> (N, L, F) float32 tensor + (N, L) bool mask."""
+    """Steps -> (N, L, F) float32 tensor + (N, L) bool mask.
+
+    Each distinct step is encoded once and kept as a row of a table (programs of a task share
+    most steps); a program's rows are then gathered from it. Flat steps (all MetaSchedule ones)
+    are looked up by their tuple, nested ones (Ansor's factor lists) by their JSON text.
+    """
 
     def __init__(self, max_len: int = 48):
         self.max_len = max_len
@@ -62,8 +68,10 @@ class Featurizer:
         self.other_string = self.str_offset + len(STRING_VOCAB)
         self.n_features = self.other_string + 1
         self.max_cached_steps = 200_000
-        self._rows: dict[bytes, int] = {}  # step JSON -> row of self._table
-        self._table: list[np.ndarray] = []
+        self._rows: dict = {}  # step key -> row of self._table
+        self._table = np.zeros((1024, self.n_features), np.float32)
+        self._n_rows = 0
+        self.steps_encoded = 0  # cache misses since construction (benchmarks report the share)
 
     @property
     def meta(self) -> dict:
@@ -72,29 +80,46 @@ class Featurizer:
 
     def __call__(self, programs: list[list]) -> tuple[np.ndarray, np.ndarray]:
         L, F = self.max_len, self.n_features
-        skip, rows, row_of, dumps = self.skip, self._rows, self._row_of, orjson.dumps
+        skip, rows, row_of, dumps, nested = self.skip, self._rows, self._row_of, orjson.dumps, _NESTED_KINDS
         ids: list[int] = []
-        lengths = np.zeros(len(programs), np.int64)
-        for p, steps in enumerate(programs):
-            keys = [dumps(s) for s in steps if s[0] not in skip][:L]
-            ids.extend([rows[k] if k in rows else row_of(k) for k in keys])
-            lengths[p] = len(keys)
-        table = np.stack(self._table) if self._table else np.zeros((0, F), np.float32)
+        lengths: list[int] = []
+        for steps in programs:
+            kept = [s for s in steps if s[0] not in skip]
+            if len(kept) > L:
+                kept = kept[:L]
+            lengths.append(len(kept))
+            if not kept:
+                continue
+            keys = [dumps(s) for s in kept] if kept[0][0] in nested else [tuple(s) for s in kept]
+            try:
+                found = [rows.get(k) for k in keys]
+            except TypeError:  # a nested argument in a step of a usually flat kind
+                keys = [dumps(s) for s in kept]
+                found = [rows.get(k) for k in keys]
+            if None in found:
+                found = [i if i is not None else rows.get(k) if k in rows else row_of(k, s)
+                         for i, k, s in zip(found, keys, kept)]
+            ids.extend(found)
+        lengths_arr = np.asarray(lengths, np.int64)
         # position (program * L + t) of every kept step, without a Python loop
-        starts = np.repeat(np.arange(len(programs)) * L, lengths)
-        offsets = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        starts = np.repeat(np.arange(len(programs)) * L, lengths_arr)
+        offsets = np.arange(len(ids)) - np.repeat(np.cumsum(lengths_arr) - lengths_arr, lengths_arr)
         x = np.zeros((len(programs) * L, F), np.float32)
-        x[starts + offsets] = table[np.asarray(ids, np.int64)]
-        if len(self._table) > self.max_cached_steps:  # bound memory on huge, diverse inputs
+        x[starts + offsets] = self._table[np.asarray(ids, np.int64)]
+        if self._n_rows > self.max_cached_steps:  # bound memory on huge, diverse inputs
             self._rows.clear()
-            self._table.clear()
-        mask = np.arange(L)[None, :] < lengths[:, None]
+            self._n_rows = 0
+        mask = np.arange(L)[None, :] < lengths_arr[:, None]
         return x.reshape(len(programs), L, F), mask
 
-    def _row_of(self, key: bytes) -> int:
-        """Feature row of one step, computed once per distinct step (programs share most)."""
-        step = flatten_step(orjson.loads(key))
-        row = np.zeros(self.n_features, np.float32)
+    def _row_of(self, key, step: list) -> int:
+        """Encode one step into the next free row of the table."""
+        i = self._n_rows
+        if i == len(self._table):
+            self._table = np.concatenate([self._table, np.zeros_like(self._table)])
+        row = self._table[i]
+        row[:] = 0.0
+        step = flatten_step(step)
         row[self.kind_index[step[0]]] = 1.0
         k = 0
         for a in step[1:]:
@@ -107,13 +132,20 @@ class Featurizer:
                     a = float(number)
                 except ValueError:
                     continue
-            elif a.__class__ not in (int, float) or k >= N_NUMERIC:
+            elif a.__class__ not in _NUMBERS or k >= N_NUMERIC:
                 continue  # None (an absent optional attribute) carries no number
-            row[self.num_offset + k] = np.sign(a) * np.log2(1.0 + abs(a))
+            # a flag (True/False) counts as 1/0: it is a decision, and a tuple key equates True with 1
+            row[self.num_offset + k] = math.copysign(math.log2(1.0 + abs(a)), a)
             k += 1
-        self._rows[key] = len(self._table)
-        self._table.append(row)
-        return self._rows[key]
+        self._rows[key] = i
+        self._n_rows = i + 1
+        self.steps_encoded += 1
+        return i
+
+
+_NUMBERS = frozenset((int, float, bool))
+# Ansor steps nest their arguments (factor lists, iterator lists): looked up by JSON text
+_NESTED_KINDS = frozenset(ANSOR_STEP_KINDS)
 
 
 def flatten_step(step: list) -> list:

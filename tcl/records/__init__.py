@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
 import hashlib
 import json
 import math
-
-import orjson
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import orjson
 
 # Step kinds a reader accepts; anything else is rejected as `unknown_step_kind`.
 ANSOR_STEP_KINDS = ("AN", "FU", "PR", "RE", "SP", "FSP", "FFSP", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF")
@@ -98,6 +101,23 @@ def gc_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+def read_lines(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
+    """Lines of a file (gzip-compressed when its name ends in .gz), read in large chunks: per-line
+    reads of a gzip stream cost ~1.5x the decompression itself."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        rest = b""
+        while True:
+            block = f.read(chunk_bytes)
+            if not block:
+                break
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield from lines
+        if rest:
+            yield rest
 
 
 def loads_lenient(line: bytes | str):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_path
-from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, steps_id, steps_json
+from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, read_lines, steps_id, steps_json
 from .ansor import read_ansor_lines
 from .metaschedule import read_database
 
@@ -64,12 +64,10 @@ def iter_source(src: str | os.PathLike, platform: str, fmt: str = "auto") -> Ite
 
 
 def _read_ansor_file(path: Path, platform: str) -> Iterator[Record | Reject]:
-    opener = (lambda: __import__("gzip").open(path, "rb")) if path.suffix == ".gz" else (lambda: open(path, "rb"))
     empty = True
-    with opener() as f:
-        for item in read_ansor_lines(str(path), f, platform):
-            empty = False
-            yield item
+    for item in read_ansor_lines(str(path), read_lines(path), platform):
+        empty = False
+        yield item
     if empty:
         yield Reject(str(path), 0, "empty_file", "no records", "")
 
