@@ -6,8 +6,8 @@
   tasks), far too few to time, and repeating them would time the featurizer's step cache rather
   than the featurizer (every repeated step is a hit). The input is the real lines followed by
   mutated copies: in each copy every split (`SP`) draws new tile sizes (a random factorization of
-  its extent, as Ansor's tile-size mutation does) and the unroll pragma a new value, so each copy
-  is a new program of a real task. The rows report the share of steps the featurizer had to
+  its extent), every compute-at (`CA`) a nearby location and the unroll pragma a new value, as
+  Ansor's mutations do, so each copy is a new program of a real task. The rows report the share of steps the featurizer had to
   encode (cache misses) for both inputs, so the copies can be compared with the real databases.
 
 Baselines, timed in the same run on the same lines already in memory, in one process: the
@@ -141,9 +141,12 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 
 def _mutate(steps: list, unrolls: list[int], rng: random.Random) -> None:
-    """New tile sizes for every split, a new unroll pragma value: a new program of the same task."""
+    """New tile sizes for every split, compute-at locations near the old ones, a new unroll pragma
+    value (Ansor's tile-size, compute-location and unroll mutations): a new program of the task."""
     for s in steps:
-        if s[0] == "SP" and len(s) > 4 and isinstance(s[3], int) and s[3] > 0 and isinstance(s[4], list):
+        if s[0] == "CA" and len(s) == 4 and isinstance(s[3], int):
+            s[3] = rng.randint(max(0, s[3] - 2), s[3] + 2)
+        elif s[0] == "SP" and len(s) > 4 and isinstance(s[3], int) and s[3] > 0 and isinstance(s[4], list):
             remaining, factors = s[3], []
             for _ in s[4]:
                 factors.append(rng.choice(_divisors(remaining)))
@@ -197,7 +200,7 @@ def bench_ansor(fixture: Path, n_lines: int = 200_000, workers: int = 2, max_len
         jobs = [("ansor", (str(path), a, b), max_len) for a, b in _byte_chunks(path, CHUNK_BYTES)]
         seconds, total = _run(jobs, workers)
         source = (f"{n_lines:,} lines ({path.stat().st_size / 1e6:.1f} MB): the {fixture.name} real lines, "
-                  f"then copies with new tile sizes and unroll values; {distinct:,} distinct programs")
+                  f"then copies with new tile sizes, compute-at locations and unroll values; {distinct:,} distinct programs")
     return _row("ansor", source, len(lines), seconds, total, base, workers)
 
 
