@@ -69,8 +69,8 @@ class Featurizer:
         self.n_features = self.other_string + 1
         self.max_cached_steps = 200_000
         self._rows: dict = {}  # step key -> row of self._table
-        self._table = np.zeros((1024, self.n_features), np.float32)
-        self._n_rows = 0
+        self._table = np.zeros((1024, self.n_features), np.float32)  # row 0: padding, stays zero
+        self._n_rows = 1
         self.steps_encoded = 0  # cache misses since construction (benchmarks report the share)
 
     @property
@@ -101,15 +101,14 @@ class Featurizer:
                          for i, k, s in zip(found, keys, kept)]
             ids.extend(found)
         lengths_arr = np.asarray(lengths, np.int64)
-        # position (program * L + t) of every kept step, without a Python loop
-        starts = np.repeat(np.arange(len(programs)) * L, lengths_arr)
-        offsets = np.arange(len(ids)) - np.repeat(np.cumsum(lengths_arr) - lengths_arr, lengths_arr)
-        x = np.zeros((len(programs) * L, F), np.float32)
-        x[starts + offsets] = self._table[np.asarray(ids, np.int64)]
+        mask = np.arange(L)[None, :] < lengths_arr[:, None]
+        # table row of every (program, t): the kept steps' rows in mask order, the zero row elsewhere
+        index = np.zeros(len(programs) * L, np.int64)
+        index[mask.reshape(-1)] = ids
+        x = self._table[index]
         if self._n_rows > self.max_cached_steps:  # bound memory on huge, diverse inputs
             self._rows.clear()
-            self._n_rows = 0
-        mask = np.arange(L)[None, :] < lengths_arr[:, None]
+            self._n_rows = 1
         return x.reshape(len(programs), L, F), mask
 
     def _row_of(self, key, step: list) -> int:
