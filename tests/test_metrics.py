@@ -297,7 +297,9 @@ def test_summary_mean_sd_by_hand():
     m = as_metrics(rows)
     assert m["p"]["mamba"]["top1"] == 0.5 and m["q"]["tlp"]["n_runs"] == 1
     table = format_markdown(rows)
-    assert "| p | mamba | 2 | 0.500 ± 0.141 | 0.400–0.600 | 0.850 ± 0.071 | 0.800 ± 0.141 | 1.000 ± 0.000 |" in table
+    # top-1, its range, top-5, then the per-task means beside them
+    assert "| p | mamba | 2 | 0.500 ± 0.141 | 0.400–0.600 | 0.850 ± 0.071 | 0.800 ± 0.141 | 1.000 ± 0.000 |" \
+        in table
     assert "| p | tlp | 1 | 0.700 ± 0.000 | 0.700–0.700 | 0.700 ± 0.000 | - | - |" in table  # no task means
     assert m["p"]["mamba"]["task_top1"] == 0.8
 

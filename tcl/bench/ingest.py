@@ -7,8 +7,9 @@
   than the featurizer (every repeated step is a hit). The input is the real lines followed by
   mutated copies: in each copy every split (`SP`) draws new tile sizes (a random factorization of
   its extent), every compute-at (`CA`) a nearby location and the unroll pragma a new value, as
-  Ansor's mutations do, so each copy is a new program of a real task. The rows report the share of steps the featurizer had to
-  encode (cache misses) for both inputs, so the copies can be compared with the real databases.
+  Ansor's mutations do, so each copy is a new program of a real task. The rows report the share
+  of steps the featurizer had to encode (cache misses) for both inputs, so the copies can be
+  compared with the real databases.
 
 Baselines, timed in the same run on the same lines already in memory, in one process: the
 stdlib `json.loads` (a plain reader) and `orjson.loads` (parsing alone: the floor of this
@@ -42,11 +43,13 @@ CHUNK_BYTES = 8 << 20  # Ansor input per job
 def _featurize_stream(items, max_len: int) -> dict:
     """Featurize the Records of a reader in batches; count what was read and encoded."""
     featurizer = Featurizer(max_len)
-    out = {"valid": 0, "rejected": 0, "steps": 0}
+    out = {"valid": 0, "rejected": 0, "steps": 0, "featurize_cpu_s": 0.0}
     batch: list = []
 
     def flush():
+        cpu = time.process_time()
         _, mask = featurizer([r.steps for r in batch])
+        out["featurize_cpu_s"] += time.process_time() - cpu
         out["steps"] += int(mask.sum())
         batch.clear()
 
@@ -107,9 +110,13 @@ def _baselines(lines: list[bytes]) -> dict:
 
 def _row(fmt: str, source: str, n_lines: int, seconds: float, total: dict, base: dict, workers: int) -> dict:
     rate = n_lines / seconds
+    us = 1e6 / n_lines
     return {"format": fmt, "input": source, "records": n_lines, "valid": total["valid"],
             "rejected": total["rejected"], "seconds": seconds, "records_per_s": rate,
             "records_per_cpu_s": n_lines / total["cpu_s"] if total["cpu_s"] else float("nan"),
+            # one core's time per record: where it goes (what bounds the rate)
+            "us_read_validate": (total["cpu_s"] - total["featurize_cpu_s"]) * us,
+            "us_featurize": total["featurize_cpu_s"] * us, "us_orjson_alone": 1e6 / base["baseline_orjson_per_s"],
             **base, "ratio_vs_json_loads": rate / base["baseline_json_loads_per_s"],
             "steps_encoded_share": total["steps_encoded"] / max(total["steps"], 1), "workers": workers}
 
@@ -117,7 +124,7 @@ def _row(fmt: str, source: str, n_lines: int, seconds: float, total: dict, base:
 def bench_metaschedule(databases: list[Path], workers: int = 2, max_len: int = 48) -> dict:
     """Read + validate + featurize every record of the given MetaSchedule databases."""
     record_files = [_record_file(d) for d in databases]
-    lines = [line for path in record_files for line in read_lines(path) if line.strip()]
+    lines = [line for path in record_files for line in read_lines(path) if line and not line.isspace()]
     base = _baselines(lines)
     jobs = [("metaschedule", str(d), max_len) for d in databases]
     seconds, total = _run(jobs, min(workers, len(jobs)))
@@ -200,7 +207,8 @@ def bench_ansor(fixture: Path, n_lines: int = 200_000, workers: int = 2, max_len
         jobs = [("ansor", (str(path), a, b), max_len) for a, b in _byte_chunks(path, CHUNK_BYTES)]
         seconds, total = _run(jobs, workers)
         source = (f"{n_lines:,} lines ({path.stat().st_size / 1e6:.1f} MB): the {fixture.name} real lines, "
-                  f"then copies with new tile sizes, compute-at locations and unroll values; {distinct:,} distinct programs")
+                  f"then copies with new tile sizes, compute-at locations and unroll values; "
+                  f"{distinct:,} distinct programs")
     return _row("ansor", source, len(lines), seconds, total, base, workers)
 
 
@@ -219,6 +227,9 @@ def format_rows(rows: list[dict]) -> str:
                    f"{r['ratio_vs_json_loads']:6.2f} {r['steps_encoded_share']:8.1%} {r['workers']}")
     out.append("")
     out.extend(f"{r['format']}: {r['input']}" for r in rows)
+    out.extend(f"{r['format']}: one core's time per record: {r['us_read_validate']:.1f} us read + validate "
+               f"(JSON parsing alone: {r['us_orjson_alone']:.1f} us), {r['us_featurize']:.1f} us featurize"
+               for r in rows)
     out.append("records/s: read + validate + featurize, wall clock, all workers; per CPU-s: per second of "
                "worker CPU (one core's rate); json.loads/s, orjson/s: parsing the same lines alone, one "
                "process; encoded: steps the featurizer encoded rather than found in its cache")

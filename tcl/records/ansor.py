@@ -64,7 +64,7 @@ def parse_line(line: bytes | str, platform: str) -> Record | tuple[str, str]:
 def read_ansor_lines(path: str, lines: Iterable[bytes], platform: str,
                      first_line: int = 1) -> Iterator[Record | Reject]:
     for lineno, line in enumerate(lines, start=first_line):
-        if not line.strip():
+        if not line or line.isspace():  # isspace stops at the first other byte; strip would copy the line
             continue
         out = parse_line(line, platform)
         if isinstance(out, Record):

@@ -132,7 +132,7 @@ def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record |
                           ",".join(meta.get("networks", [])), network_weights_json(meta)))
     any_line = False
     for lineno, line in enumerate(_lines(rec_path), start=1):
-        if not line.strip():
+        if not line or line.isspace():  # isspace stops at the first other byte; strip would copy the line
             continue
         any_line = True
         out = _parse_record(line, workloads, platform)
