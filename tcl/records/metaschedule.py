@@ -46,6 +46,7 @@ def _flatten(value, out: list) -> None:
 
 _DROP = object()  # the value of a block variable: it names, it carries no number
 _TILE_KINDS = frozenset(("SamplePerfectTile", "SamplePartitionedTile"))
+_POSITIONS = range(1 << 16)
 
 
 def trace_to_steps(trace) -> list | str:
@@ -83,6 +84,11 @@ def trace_to_steps(trace) -> list | str:
                 step.append(a[1:-1])
             else:
                 step.append(a)
+        if outputs:  # an instruction makes variables of one sort: loops, blocks or expressions
+            if outputs[0][:1] == "l":
+                values.update(zip(outputs, _POSITIONS))
+            else:
+                values.update(dict.fromkeys(outputs, drop))
         if index in decided:
             decision = decided[index]
             if decision.__class__ is list:
@@ -96,11 +102,6 @@ def trace_to_steps(trace) -> list | str:
                 candidates = attrs[0]
                 if decision.__class__ is int and 0 <= decision < len(candidates):
                     values[outputs[0]] = candidates[decision]
-        position = 0
-        for name in outputs:
-            if name not in values:
-                values[name] = position if name[:1] == "l" else drop
-            position += 1
         steps.append(step)
     return steps
 
