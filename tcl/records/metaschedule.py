@@ -89,8 +89,8 @@ def trace_to_steps(trace) -> list | str:
                 values.update(zip(outputs, _POSITIONS))
             else:
                 values.update(dict.fromkeys(outputs, drop))
-        if index in decided:
-            decision = decided[index]
+        decision = decided.get(index)
+        if decision is not None:
             if decision.__class__ is list:
                 flatten(decision, step)
             else:
