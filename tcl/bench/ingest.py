@@ -36,7 +36,7 @@ from ..records import Record, gc_paused, read_lines
 from ..records.ansor import read_ansor_lines
 from ..records.metaschedule import read_database
 
-BATCH = 4096  # records featurized at once: bounds a worker's memory (~16 KB of features a record)
+BATCH = 1024  # records featurized at once: bounds a worker's memory (~16 KB of features a record)
 CHUNK_BYTES = 8 << 20  # Ansor input per job
 
 
