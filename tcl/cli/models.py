@@ -157,7 +157,7 @@ def evaluate(model_ref, data, out, label, as_json):
         per_net = result.get("per_network") or {}
         for net, m in per_net.items():
             click.echo(f"  {net:24s} top1 {m['top1']:.4f}  top5 {m['top5']:.4f}")
-        for key in ("top1", "top5", "pairwise", "spearman"):
+        for key in ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman"):
             v = result.get(key)
             click.echo(f"  {key:24s} {v:.4f}" if isinstance(v, float) else f"  {key:24s} {v}")
     else:
@@ -218,18 +218,22 @@ def bench_predict_cmd(names, batch_sizes, seq_len, seconds, threads, naive, para
 
 @bench.command("ingest")
 @click.option("--records", "n_records", default=200_000, show_default=True,
-              help="Ansor records to read (MetaSchedule: a tenth of it).")
-@click.option("--workers", default=2, show_default=True, help="Processes reading Ansor lines.")
+              help="Ansor lines: the real fixture's, then mutated copies of them (see tcl.bench.ingest).")
+@click.option("--workers", default=2, show_default=True, help="Processes reading and featurizing.")
 @click.option("--ansor", "ansor_path", default="tests/fixtures/ansor/tlcbench-t4-bert-early.json",
-              show_default=True, type=click.Path(exists=True, dir_okay=False), help="Real records to replicate.")
-@click.option("--metaschedule", "ms_path", default="tests/fixtures/metaschedule/conv2d_small",
-              show_default=True, type=click.Path(exists=True, file_okay=False), help="Real database to replicate.")
+              show_default=True, type=click.Path(exists=True, dir_okay=False),
+              help="Real Ansor records the input is built from.")
+@click.option("--metaschedule", "ms_paths", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="MetaSchedule database folder (repeatable; default: every data/raw/<platform>/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
-def bench_ingest_cmd(n_records, workers, ansor_path, ms_path, as_json):
+def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
     """Read + validate + featurize records/s for Ansor lines and MetaSchedule databases."""
-    from tcl.bench_data import bench_data, format_rows
+    from tcl.bench.ingest import bench_ingest, format_rows
 
-    rows = bench_data(ansor_path, ms_path, n_records=n_records, workers=workers)
+    dbs = list(ms_paths) or sorted(str(p.parent) for p in Path("data/raw").glob("*/database_tuning_record.json*"))
+    if not dbs:
+        raise click.ClickException("no MetaSchedule database under data/raw/; pass --metaschedule DIR")
+    rows = bench_ingest(ansor_path, dbs, n_records=n_records, workers=workers)
     click.echo(format_rows(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))

@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_path
-from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, steps_id, steps_json
+from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, read_lines, steps_id, steps_json
 from .ansor import read_ansor_lines
 from .metaschedule import read_database
 
-RECORD_COLUMNS = ("platform", "task_id", "task_desc", "task_weight", "networks", "steps",
-                  "latencies", "latency", "program_id", "source")
+RECORD_COLUMNS = ("platform", "task_id", "task_desc", "task_weight", "networks", "network_weights",
+                  "steps", "latencies", "latency", "program_id", "source")
+# Columns a records file written by an older TCL may lack; readers of the table fall back.
+OPTIONAL_COLUMNS = ("network_weights",)
 
 
 class NoValidRecords(Exception):
@@ -62,12 +64,10 @@ def iter_source(src: str | os.PathLike, platform: str, fmt: str = "auto") -> Ite
 
 
 def _read_ansor_file(path: Path, platform: str) -> Iterator[Record | Reject]:
-    opener = (lambda: __import__("gzip").open(path, "rb")) if path.suffix == ".gz" else (lambda: open(path, "rb"))
     empty = True
-    with opener() as f:
-        for item in read_ansor_lines(str(path), f, platform):
-            empty = False
-            yield item
+    for item in read_ansor_lines(str(path), read_lines(path), platform):
+        empty = False
+        yield item
     if empty:
         yield Reject(str(path), 0, "empty_file", "no records", "")
 
@@ -82,6 +82,7 @@ def records_to_table(records: list[Record]):
         "task_desc": pa.array([r.task_desc for r in records], pa.string()),
         "task_weight": pa.array([r.task_weight for r in records], pa.float64()),
         "networks": pa.array([r.networks for r in records], pa.string()),
+        "network_weights": pa.array([r.network_weights for r in records], pa.string()),
         "steps": pa.array(steps_text, pa.string()),
         "latencies": pa.array([r.latencies for r in records], pa.list_(pa.float64())),
         "latency": pa.array([r.latency for r in records], pa.float64()),
@@ -129,7 +130,7 @@ def read_records(path: str | os.PathLike):
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    missing = [c for c in RECORD_COLUMNS if c not in table.column_names]
+    missing = [c for c in RECORD_COLUMNS if c not in table.column_names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"{path}: not a TCL records file (missing columns {', '.join(missing)})")
     return table
