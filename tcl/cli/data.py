@@ -304,17 +304,20 @@ def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> No
 @dataset.command("pack")
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
 @click.option("--out", default="data/raw", show_default=True)
-def dataset_pack(params_path: str, out: str) -> None:
+@click.option("--tasks", "max_tasks", type=int, default=None,
+              help="Only the first N tasks of dataset.tasks (leave out tasks still being measured).")
+def dataset_pack(params_path: str, out: str, max_tasks: int | None) -> None:
     """Copy the matched programs of the working databases into the bundled dataset (gzip)."""
     from ..collect.pack import pack
 
     params = _load_params(params_path)
     try:
         work, platforms = params["dataset"]["out"], params["platforms"]
+        only = None if max_tasks is None else set(params["dataset"]["tasks"][:max_tasks])
     except (KeyError, TypeError):
         _fail(f"{params_path}: pack needs `dataset.out` and `platforms`", 1)
     try:
-        summary = pack(work, platforms, out)
+        summary = pack(work, platforms, out, task_names=only)
     except (OSError, ValueError) as exc:
         _fail(f"pack failed, {out} left as it was: {exc}", 1)
     click.echo(json.dumps(summary, indent=2))

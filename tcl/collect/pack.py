@@ -38,17 +38,23 @@ def _read_db(db_dir: Path):
     return {w[0]: w for w in workloads}, records
 
 
-def pack(work_root: str, platforms: list[str], out_root: str, matched_only: bool = True) -> dict:
+def pack(work_root: str, platforms: list[str], out_root: str, matched_only: bool = True,
+         task_names: set[str] | None = None) -> dict:
     """Write the bundle of `platforms` under `out_root`; all platforms are staged before any
     replaces its old folder, so a failure (a missing file, a full disk) changes nothing.
 
     `matched_only=False` keeps every record of each platform instead: a snapshot of a collection
     in progress (`tcl dataset snapshot`), committed so that an interrupted collection loses nothing
-    and a later session resumes from it with `tcl dataset unpack --raw SNAPSHOT`.
+    and a later session resumes from it with `tcl dataset unpack --raw SNAPSHOT`. `task_names`:
+    ship only these tasks (by name), e.g. leaving out one still being measured.
     """
     work_root, out_root = Path(work_root), Path(out_root)
     dbs = {p: _read_db(work_root / p) for p in platforms}
     keys = {p: {(s, pid) for s, pid, _ in dbs[p][1]} for p in platforms}
+    if task_names is not None:
+        names = {s: m.get("name") for p in platforms
+                 for s, m in json.loads((work_root / p / "tasks.json").read_text()).items()}
+        keys = {p: {k for k in ks if names.get(k[0]) in task_names} for p, ks in keys.items()}
     common = set.intersection(*keys.values()) if keys else set()
     staged = {p: out_root / f".{p}.packing" for p in platforms}
     summary = {}
