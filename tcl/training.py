@@ -34,7 +34,9 @@ import numpy as np
 from tcl import metrics as M
 
 NET_KINDS = ("mamba", "mlp", "tlp")
-KINDS = NET_KINDS + ("xgb",)
+# the baselines on their own features (tcl.perstore): MetaSchedule's XGBoost, Tenset's MLP
+PERSTORE_KINDS = ("xgb-ms", "mlp-tenset")
+KINDS = NET_KINDS + ("xgb",) + PERSTORE_KINDS
 
 DEFAULT_TRAIN = {
     "seed": 0,
@@ -138,7 +140,8 @@ def epoch_batches(sets: Sequence, batch_size: int, rng: np.random.Generator, by_
 
 
 def predict_scores(model, fs, batch_size: int = 4096) -> np.ndarray:
-    """Scores (higher = faster) of any TCL model (torch net or XGBCostModel) on a FeatureSet."""
+    """Scores (higher = faster) of any TCL model on its feature set: a torch net or XGBCostModel on
+    a FeatureSet, a per-store model (MSXGBCostModel, TensetMLPCostModel) on a PerStoreSet."""
     if hasattr(model, "predict") and not hasattr(model, "state_dict"):
         return np.asarray(model.predict(fs), dtype=np.float64)
     import torch
@@ -179,6 +182,17 @@ def check_finite_features(sets: Sequence, chunk: int = 8192) -> None:
             raise ValueError(f"FeatureSet of platform {fs.platform!r}: {bad_rows} of {len(fs)} programs have "
                              f"non-finite feature values (feature columns {sorted(bad_cols)}); "
                              f"fix the featurizer output (tcl featurize) before training")
+
+
+def check_feature_kind(kind: str, sets: Sequence) -> None:
+    """The per-store kinds read PerStoreSets (.perstore.npz), every other kind step FeatureSets."""
+    from tcl.perstore import PerStoreSet
+
+    wants = kind in PERSTORE_KINDS
+    for fs in sets:
+        if isinstance(fs, PerStoreSet) != wants:
+            raise ValueError(f"model kind {kind!r} reads {'per-store features (.perstore.npz)' if wants else 'step features'}"
+                             f", got {'per-store' if not wants else 'step'} features of platform {fs.platform!r}")
 
 
 def _feature_meta(sets: Sequence) -> dict:
@@ -244,8 +258,13 @@ def train_model(kind: str, train_fs, valid_fs, config: dict, train_params: dict,
         raise ValueError("no training data")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_feature_kind(kind, train_sets + valid_sets)
     if kind == "xgb":
         return train_xgb(train_sets, valid_sets, config, p, out_dir, run)
+    if kind in PERSTORE_KINDS:
+        from tcl.models import ms_xgb, tenset_mlp
+
+        return {"xgb-ms": ms_xgb, "mlp-tenset": tenset_mlp}[kind].train(train_sets, valid_sets, config, p, out_dir, run)
 
     import torch
     from tqdm.auto import tqdm
@@ -422,9 +441,20 @@ def load_trained(path) -> tuple[object, dict]:
     """(model, info) from a .pt checkpoint, an XGBoost .json or a directory holding one."""
     path = resolve_model_path(path)
     if path.suffix == ".json":
+        import xgboost as xgb
+
+        from tcl.models.ms_xgb import KIND as MS_XGB, MSXGBCostModel
         from tcl.models.xgb import XGBCostModel
 
-        model = XGBCostModel.load(path)
+        cls = MSXGBCostModel if xgb.Booster(model_file=str(path)).attr("tcl_kind") == MS_XGB else XGBCostModel
+        model = cls.load(path)
+        return model, dict(model.info, path=str(path))
+    import torch
+
+    from tcl.models import tenset_mlp
+
+    if tenset_mlp.is_payload(torch.load(path, map_location="cpu", weights_only=True)):
+        model = tenset_mlp.TensetMLPCostModel.load(path)
         return model, dict(model.info, path=str(path))
     from tcl.models.checkpoint import load_checkpoint
 

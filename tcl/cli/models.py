@@ -14,7 +14,7 @@ import click
 
 from ..io import json_safe
 
-MODEL_KINDS = ["mamba", "mlp", "tlp", "xgb"]
+MODEL_KINDS = ["mamba", "mlp", "tlp", "xgb", "xgb-ms", "mlp-tenset"]  # the last two read .perstore.npz
 TRAIN_EXPERIMENT = "tcl-train"
 RUN_FILE = "mlflow_run.json"
 
@@ -80,9 +80,10 @@ def _flatten(prefix: str, d: dict) -> dict:
 
 
 def load_sets(paths) -> list:
-    from tcl.features import FeatureSet
+    """FeatureSets, or PerStoreSets for .perstore.npz files."""
+    from tcl.perstore import load_feature_file
 
-    return [FeatureSet.load(p) for p in paths]
+    return [load_feature_file(p) for p in paths]
 
 
 def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
@@ -231,7 +232,7 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], pre
 @click.command()
 @click.option("--model", "kind", type=click.Choice(MODEL_KINDS), required=True, help="Model family.")
 @click.option("--data", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Training FeatureSet (.npz); repeat for several platforms.")
+              help="Training FeatureSet (.npz; .perstore.npz for xgb-ms, mlp-tenset); repeat for several platforms.")
 @click.option("--valid", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Validation FeatureSet(s) for early stopping on top-1.")
 @click.option("--test", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -277,12 +278,17 @@ def evaluate(model_ref, data, out, label, as_json):
     import tempfile
 
     from tcl.io import atomic_write_json
-    from tcl.training import load_trained
+    from tcl.training import check_feature_kind, load_trained
 
     with tempfile.TemporaryDirectory(prefix="tcl-eval-") as tmp:
         path = resolve_model(model_ref, tmp)
         model, info = load_trained(path)
-        result = evaluate_model(model, load_sets(data))
+        sets = load_sets(data)
+        try:
+            check_feature_kind(str(info.get("kind")), sets)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        result = evaluate_model(model, sets)
     result["model"] = model_ref
     result["kind"] = info.get("kind")
     if label:
