@@ -8,7 +8,7 @@ stores, so a platform's features are one flat (total_stores, 172) float32 array 
 offsets, in the same program order (and with the same labels and tasks) as the step-sequence
 FeatureSet of the same records:
 
-    ps = extract_perstore(fs, "data/records/p.parquet", "data/raw/p", workers=2)
+    ps, _ = extract_perstore(fs, "data/records/p.parquet", "data/raw/p", workers=2)
     ps.save("data/features/p.perstore.npz")
     ps.program(i)            # (stores_i, 172): the rows of program i
 
@@ -173,13 +173,31 @@ class _Source:
     trace_id: str          # sha1 of the trace JSON: the cache key within a workload
 
 
-def _database_sources(db_dir: Path) -> dict[tuple[str, str], deque]:
-    """(task_id, program_id) -> database records with that program, in file order.
+def _database_sources(root: Path) -> dict[tuple[str, str], deque]:
+    """(task_id, program_id) -> database records with that program, in file order, from the
+    database `root` or every database under it (as `tcl ingest` reads a folder).
 
     Task and program ids are computed exactly as `tcl ingest` computes them, so every row of the
-    records Parquet written from this database finds its record here.
+    records Parquet written from these databases finds its record here. Two records can share
+    both ids (their traces differ only in what the step encoding leaves out); they are matched
+    in file order, the order ingest wrote them in.
     """
-    from .records import steps_id, steps_json
+    from .records.metaschedule import _existing
+
+    if _existing(root / "database_tuning_record.json").exists():
+        db_dirs = [root]
+    else:
+        db_dirs = sorted({p.parent for p in root.rglob("database_tuning_record.json*")})
+    if not db_dirs:
+        raise FileNotFoundError(f"{root}: no MetaSchedule database (database_tuning_record.json) in it")
+    sources: dict[tuple[str, str], deque] = defaultdict(deque)
+    for db_dir in db_dirs:
+        _read_database_sources(db_dir, sources)
+    return sources
+
+
+def _read_database_sources(db_dir: Path, sources: dict) -> None:
+    from .records import check_latencies, steps_id, steps_json
     from .records.metaschedule import _existing, _open_lines, trace_to_steps
 
     meta_path = db_dir / "tasks.json"
@@ -190,16 +208,16 @@ def _database_sources(db_dir: Path) -> dict[tuple[str, str], deque]:
             workloads.append(orjson.loads(line))
         except orjson.JSONDecodeError:
             workloads.append(None)  # ingest rejected the records pointing here
-    sources: dict[tuple[str, str], deque] = defaultdict(deque)
     for line in _open_lines(_existing(db_dir / "database_tuning_record.json")):
-        try:
+        try:  # skip what ingest rejects (no records row points at it), as ingest decides it
             index, record = orjson.loads(line)
-            trace = record[0]
-            workload = workloads[index]
+            if not isinstance(index, int) or index < 0 or workloads[index] is None or check_latencies(record[1]):
+                continue
+            workload, trace = workloads[index], record[0]
             steps = trace_to_steps(trace)
         except (orjson.JSONDecodeError, ValueError, TypeError, IndexError, KeyError):
-            continue  # a line ingest rejected: no record row points at it
-        if workload is None or isinstance(steps, str):
+            continue
+        if isinstance(steps, str):
             continue
         shash = str(workload[0])
         task_id = task_meta.get(shash, {}).get("name", shash)
@@ -207,7 +225,6 @@ def _database_sources(db_dir: Path) -> dict[tuple[str, str], deque]:
         kind = "-".join([str(target.get("kind"))] + sorted(map(str, target.get("keys") or [])))
         trace_id = hashlib.sha1(orjson.dumps(trace)).hexdigest()
         sources[(task_id, steps_id(steps_json(steps)))].append(_Source(shash, workload, record, kind, trace_id))
-    return sources
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,9 +296,10 @@ def _write_cache(path: Path, entries: dict[str, np.ndarray]) -> None:
 
 
 def extract_perstore(fs, records_path: str | os.PathLike, db_dir: str | os.PathLike, workers: int = 2,
-                     cache_dir: str | os.PathLike | None = None, progress: bool = False) -> PerStoreSet:
+                     cache_dir: str | os.PathLike | None = None, progress: bool = False) -> tuple[PerStoreSet, int]:
     """Per-store features of the programs of `fs` (the FeatureSet featurized from `records_path`),
-    read from the MetaSchedule database `db_dir` those records were ingested from."""
+    read from the MetaSchedule database `db_dir` those records were ingested from; and how many
+    programs came from the cache (the features themselves do not depend on it)."""
     from tqdm import tqdm
 
     from .records.ingest import read_records
@@ -347,10 +365,9 @@ def extract_perstore(fs, records_path: str | os.PathLike, db_dir: str | os.PathL
     meta = {"feature_version": PERSTORE_VERSION, "n_features": N_FEATURES,
             "n_store_features": N_STORE_FEATURES, "n_workload_features": N_WORKLOAD_FEATURES,
             "extractor": "tvm.s_tir.meta_schedule.feature_extractor.PerStoreFeature(extract_workload=True)",
-            "source": Path(records_path).name, "database": str(db_dir), "failed": failed,
-            "cached_programs": n_cached}
+            "source": Path(records_path).name, "database": db_dir.name, "failed": failed}
     stores = np.concatenate(features) if features else np.zeros((0, N_FEATURES), np.float32)
-    return PerStoreSet.aligned_with(fs, stores, np.concatenate([[0], np.cumsum(counts)]), meta)
+    return PerStoreSet.aligned_with(fs, stores, np.concatenate([[0], np.cumsum(counts)]), meta), n_cached
 
 
 def _run_units(units: list, workers: int):

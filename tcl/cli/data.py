@@ -203,13 +203,14 @@ def featurize(records, out, max_len, database, workers, cache_dir, progress, as_
 
         start = time.perf_counter()
         try:
-            ps = extract_perstore(fs, records, database, workers=workers, cache_dir=cache_dir, progress=progress)
+            ps, n_cached = extract_perstore(fs, records, database, workers=workers, cache_dir=cache_dir,
+                                            progress=progress)
         except (ValueError, FileNotFoundError) as exc:
             _fail(str(exc), 1)
         seconds = time.perf_counter() - start
         ps.save(perstore_path(out))
         summary["perstore"] = {"stores": int(len(ps.stores)), "n_features": ps.meta["n_features"],
-                               "failed": len(ps.meta["failed"]), "cached": ps.meta["cached_programs"],
+                               "failed": len(ps.meta["failed"]), "cached": n_cached,
                                "seconds": round(seconds, 2), "programs_per_s": round(len(ps) / max(seconds, 1e-9), 1)}
         p = summary["perstore"]
         click.echo(f"per-store features: {p['stores']} stores x {p['n_features']} of {len(ps)} programs "
