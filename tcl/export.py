@@ -1,4 +1,4 @@
-"""Export a cost-model checkpoint to ONNX for onnxruntime serving.
+"""Export a cost model (``tcl.models.base.CostModel`` with ``to_onnx``) to ONNX for serving.
 
 The graph takes ``x`` (batch, length, n_features) float32 and ``mask`` (batch, length) bool and
 returns ``score`` (batch,) float32, with batch and length dynamic. The file's ``metadata_props``
@@ -11,7 +11,7 @@ max_len            L of the training features (sequences are padded/cropped to i
 n_features         F
 vocab_hash         hash of the featurizer vocabulary (``tcl.features.vocabulary_hash``), ""
                    if the features had none
-kind               mamba | mlp | tlp
+kind               the model kind (tcl.models.KINDS) that exported it
 config             model config, JSON
 source_run         MLflow run id that trained the model ("" if unknown)
 checkpoint_sha256  sha256 of the checkpoint file exported
@@ -19,25 +19,21 @@ opset              ONNX opset
 tcl_version        version of the tcl package that exported
 =================  ==========================================================================
 
-The export is checked against PyTorch on random real-shaped inputs before the file is written
-(atomically, via :func:`tcl.io.atomic_path`).
+The export is checked against the model's own ``predict`` on random real-shaped inputs before
+the file is written (atomically, via :func:`tcl.io.atomic_path`). No torch at import: the
+server reads the metadata with :func:`parse_metadata`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from tcl.io import atomic_path
+from tcl.io import atomic_path, file_sha256
 
-INPUT_NAMES = ["x", "mask"]
-OUTPUT_NAMES = ["score"]
 INT_KEYS = ("max_len", "n_features", "opset")
 
 
@@ -46,14 +42,12 @@ class ExportError(RuntimeError):
 
 
 def default_opset() -> int:
+    """params.yaml ``export.opset`` (17 when unset)."""
+    from tcl.config import ParamsError, load_params
+
     try:
-        import yaml
-
-        from tcl.tracking import repo_root
-
-        params = yaml.safe_load((repo_root() / "params.yaml").read_text()) or {}
-        return int((params.get("export") or {}).get("opset", 17))
-    except (OSError, ValueError, TypeError):
+        return int((load_params(required=False).get("export") or {}).get("opset", 17))
+    except (ParamsError, ValueError, TypeError):
         return 17
 
 
@@ -79,50 +73,6 @@ def example_inputs(batch: int, length: int, n_features: int, seed: int = 0, min_
     mask = np.arange(length)[None, :] < lengths[:, None]
     x[~mask] = 0.0
     return x, mask
-
-
-@contextlib.contextmanager
-def _scan_bound(model, max_len: int):
-    """Bound the Mamba blocks' parallel (export) scan to the features' max_len while exporting.
-
-    A block built with a larger ``max_len`` bound (e.g. 1024) would export the doubling scan
-    (ceil(log2 1024) = 10 steps over (L, B, N, E) tensors) instead of the unrolled per-step scan,
-    for nothing: served inputs never exceed the features' max_len (the Predictor refuses longer).
-    """
-    try:
-        from tcl.models.mamba import Mamba
-    except ImportError:
-        yield
-        return
-    saved = []
-    for m in model.modules():
-        if isinstance(m, Mamba) and (getattr(m, "max_len", None) or 0) > max_len:
-            saved.append((m, m.max_len))
-            m.max_len = int(max_len)
-    try:
-        yield
-    finally:
-        for m, v in saved:
-            m.max_len = v
-
-
-def _torch_export(model, n_features: int, max_len: int, opset: int) -> bytes:
-    """ONNX bytes with dynamic batch/length (``tcl.models.nets.export_onnx``): the TorchScript
-    exporter first (small graphs, honours opset 17), the dynamo exporter if that fails."""
-    from tcl.models.nets import export_onnx as nets_export
-
-    errors = []
-    for dynamo in (False, True):
-        buf = io.BytesIO()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                # traced at the features' max_len: the Mamba export scan is valid for L <= it
-                nets_export(model, buf, n_features, max_len, opset=opset, dynamo=dynamo)
-            return buf.getvalue()
-        except Exception as exc:  # noqa: BLE001 - try the other exporter, report both
-            errors.append(f"{'dynamo' if dynamo else 'torchscript'}: {type(exc).__name__}: {exc}")
-    raise ExportError("ONNX export failed:\n  " + "\n  ".join(errors))
 
 
 def rewrite_softplus(proto) -> int:
@@ -173,42 +123,32 @@ def rewrite_softplus(proto) -> int:
 
 def _check_parity(model, onnx_bytes: bytes, n_features: int, max_len: int,
                   atol: float = 1e-5) -> float:
-    """Max |onnx - torch| over a few batch sizes and lengths; raises ExportError beyond
-    atol * max(1, max |torch score|). Checks the exported graph and, where TCL's operator library
+    """Max |onnx - model.predict| over a few batch sizes and lengths; raises ExportError beyond
+    atol * max(1, max |score|). Checks the exported graph and, where TCL's operator library
     is built, the graph the server runs (its fusable groups as tcl operators)."""
-    import onnxruntime as ort
-    import torch
+    from tcl.runtime import fuse_ops, inference_session
 
-    from tcl.serving import fuse_ops, session_options
-
-    def session(blob, library=None):
-        so = session_options(threads=1)
-        if library is not None:
-            so.register_custom_ops_library(str(library))
-        return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
-
-    sessions = [("exported", session(onnx_bytes))]
+    sessions = [("exported", inference_session(onnx_bytes, threads=1))]
     fused_bytes, library, n_fused = fuse_ops(onnx_bytes, None)
     if n_fused:
-        sessions.append(("fused", session(fused_bytes, library)))
+        sessions.append(("fused", inference_session(fused_bytes, threads=1, library=library)))
     worst = 0.0
     lengths = sorted({max_len, max(1, max_len // 2)})
     for seed, (b, length) in enumerate([(1, max_len), (7, max_len)]
                                        + [(5, n) for n in lengths if n != max_len]):
         x, mask = example_inputs(b, length, n_features, seed=100 + seed)
-        with torch.no_grad():
-            ref = model(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+        ref = model.predict(x, mask)
         for name, sess in sessions:
             try:
                 got = sess.run(None, {"x": x, "mask": mask})[0]
             except Exception as exc:  # noqa: BLE001
                 raise ExportError(f"{name} graph fails at batch={b} length={length}: {exc}") from exc
             if got.shape != ref.shape:
-                raise ExportError(f"{name} graph returns shape {got.shape}, PyTorch {ref.shape}")
+                raise ExportError(f"{name} graph returns shape {got.shape}, the model {ref.shape}")
             err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
             err /= max(1.0, float(np.max(np.abs(ref))))
             if not err <= atol:
-                raise ExportError(f"ONNX ({name} graph) and PyTorch disagree by {err:.3g} (> {atol})")
+                raise ExportError(f"ONNX ({name} graph) and the model disagree by {err:.3g} (> {atol})")
             worst = max(worst, err)
     return worst
 
@@ -222,34 +162,37 @@ def _tcl_version() -> str:
         return "unknown"
 
 
-def export_model(model, out_path: str | os.PathLike, family: str, kind: str, config: dict,
-                 feature_meta: dict, source_run: str | None = None, opset: int | None = None,
-                 checkpoint_sha256: str = "", fast_ops: bool = True) -> Path:
-    """Export an in-memory model (see :func:`export_onnx` for the checkpoint entry point).
+def export_model(model, out_path: str | os.PathLike, family: str, source_run: str | None = None,
+                 opset: int | None = None, checkpoint_sha256: str = "", fast_ops: bool = True) -> Path:
+    """Export an in-memory CostModel (see :func:`export_onnx` for the saved-model entry point).
 
-    `fast_ops` rewrites slow onnxruntime kernels into equivalent fast ones
-    (:func:`rewrite_softplus`); the parity check runs on the rewritten graph.
+    The input shape comes from ``model.feature_meta`` (max_len, n_features). `fast_ops` rewrites
+    slow onnxruntime kernels into equivalent fast ones (:func:`rewrite_softplus`); the parity
+    check runs on the rewritten graph.
     """
     import onnx
 
-    n_features = int(feature_meta["n_features"])
-    max_len = int(feature_meta["max_len"])
+    if not model.onnx_export:
+        raise ExportError(f"{model.kind} models have no ONNX export (kinds with one serve from tcl.serving)")
+    n_features = int(model.feature_meta.get("n_features", model.n_features))
+    max_len = int(model.feature_meta["max_len"])
     opset = int(opset or default_opset())
-    model = model.eval()
-    with _scan_bound(model, max_len):
-        raw = _torch_export(model, n_features, max_len, opset)
+    try:
+        raw = model.to_onnx(max_len, opset)
+    except RuntimeError as exc:
+        raise ExportError(str(exc)) from None
     proto = onnx.load_from_string(raw)
     if fast_ops and rewrite_softplus(proto):
         raw = proto.SerializeToString()
     _check_parity(model, raw, n_features, max_len)
     props = {
         "family": family,
-        "feature_version": str(feature_meta.get("feature_version", "")),
+        "feature_version": str(model.feature_meta.get("feature_version", "")),
         "max_len": str(max_len),
         "n_features": str(n_features),
-        "vocab_hash": features_vocab_hash(feature_meta),
-        "kind": kind,
-        "config": json.dumps(config or {}, sort_keys=True),
+        "vocab_hash": features_vocab_hash(model.feature_meta),
+        "kind": model.kind,
+        "config": json.dumps(model.config or {}, sort_keys=True),
         "source_run": source_run or "",
         "checkpoint_sha256": checkpoint_sha256,
         "opset": str(opset),
@@ -269,18 +212,19 @@ def export_model(model, out_path: str | os.PathLike, family: str, kind: str, con
 
 def export_onnx(checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, family: str,
                 source_run: str | None = None, opset: int | None = None) -> Path:
-    """Export a checkpoint (``tcl.models.checkpoint``) to ONNX at `out_path`; return the path.
+    """Export a saved model (``tcl.models.load_model``) to ONNX at `out_path`; return the path.
 
-    `source_run` defaults to the ``run_id`` stored in the checkpoint's extra info, if any.
+    `source_run` defaults to the ``run_id`` stored in the model's extra info, if any.
     """
-    from tcl.models.checkpoint import load_checkpoint
-    from tcl.registry import file_sha256
+    from tcl.models import load_model, resolve_model_path
 
-    model, info = load_checkpoint(checkpoint_path)
-    extra = info.get("extra") or {}
-    source_run = source_run or extra.get("run_id") or ""
-    return export_model(model, out_path, family, kind=info["kind"], config=info.get("config", {}),
-                        feature_meta=info["feature_meta"], source_run=source_run, opset=opset,
+    try:
+        checkpoint_path = resolve_model_path(checkpoint_path)
+        model = load_model(checkpoint_path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ExportError(str(exc)) from None
+    source_run = source_run or model.extra.get("run_id") or ""
+    return export_model(model, out_path, family, source_run=source_run, opset=opset,
                         checkpoint_sha256=file_sha256(checkpoint_path))
 
 

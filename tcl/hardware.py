@@ -1,16 +1,48 @@
-"""Hardware registry: platform -> hardware family, read from a versioned data file.
+"""Hardware registry: platform -> hardware family, from the packaged data file and the project's own.
 
 Transfer helps within a family and can hurt across families (paper Table 5), so every model,
 registry entry and source-selection decision is keyed by the family a platform belongs to.
+
+Two files make the registry. The packaged one (tcl/data/hardware.json) lists the platforms TCL
+ships data or models for. A project adds its own platforms and families without editing the
+package, in a user registry with the same layout (`tcl hardware add`, `tcl hardware add-family`):
+the file named by ``$TCL_HARDWARE``, else ``hardware.json`` at the project root. The project root
+is the nearest directory, from the working directory upwards, holding ``params.yaml``,
+``dvc.yaml`` or ``.git``; the working directory itself when there is none. User entries add to
+the packaged ones and never replace them: a name defined twice is an error, so a model trained
+for a packaged platform's family keeps meaning the same hardware.
+
+This module is the one place that reads either file.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 REGISTRY_FILE = "hardware.json"
+USER_REGISTRY_ENV = "TCL_HARDWARE"
+PACKAGED = "package"  # `defined_in` of the packaged entries; user entries carry their file's path
+PROJECT_MARKERS = ("params.yaml", "dvc.yaml", ".git")
+# platform names become folder names and family names registered-model names (tcl-kb-<family>)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class HardwareRegistryError(ValueError):
+    """A registry file or a new entry that cannot be used; the message names the file and entry."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    vendor: str
+    architecture: str
+    isa: str
+    defined_in: str = PACKAGED
 
 
 @dataclass(frozen=True)
@@ -28,47 +60,237 @@ class Platform:
     threads: int | None = None  # TVM_NUM_THREADS used when measuring
     restricted: str = ""
     extra: dict = field(default_factory=dict)
+    defined_in: str = PACKAGED
 
     @property
     def measurable(self) -> bool:
         return self.target is not None
 
 
-def _load() -> tuple[int, dict[str, Platform]]:
-    raw = json.loads(resources.files("tcl.data").joinpath(REGISTRY_FILE).read_text())
-    families = raw["families"]
-    platforms = {}
-    for name, p in raw["platforms"].items():
-        fam = families[p["family"]]
-        platforms[name] = Platform(
+@dataclass(frozen=True)
+class Registry:
+    version: int
+    families: dict[str, Family]
+    platforms: dict[str, Platform]
+    user_path: Path  # where the user registry is read from and written to (may not exist)
+
+
+def project_root(start: str | os.PathLike | None = None) -> Path:
+    """The nearest directory from `start` (default: the working directory) upwards holding a
+    project marker (params.yaml, dvc.yaml, .git); `start` itself when none does."""
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if any((d / m).exists() for m in PROJECT_MARKERS):
+            return d
+    return here
+
+
+def user_registry_path() -> Path:
+    env = os.environ.get(USER_REGISTRY_ENV)
+    return Path(env).expanduser().resolve() if env else project_root() / REGISTRY_FILE
+
+
+def _read_json(text: str, where: str) -> dict:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HardwareRegistryError(f"{where}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise HardwareRegistryError(f"{where}: expected a JSON object with 'families' and 'platforms'")
+    for key in ("families", "platforms"):
+        if not isinstance(raw.setdefault(key, {}), dict):
+            raise HardwareRegistryError(f"{where}: '{key}' must be a JSON object")
+    return raw
+
+
+def check_target(target, where: str = "target") -> dict:
+    """A TVM target as the registry stores it: a JSON object with a string 'kind'."""
+    if isinstance(target, str):
+        try:
+            target = json.loads(target)
+        except json.JSONDecodeError as exc:
+            raise HardwareRegistryError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                                        "give an object such as "
+                                        '\'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\'') from None
+    if not isinstance(target, dict) or not isinstance(target.get("kind"), str) or not target["kind"]:
+        raise HardwareRegistryError(f"{where}: a TVM target must be a JSON object with a 'kind' "
+                                    f"(e.g. {{\"kind\": \"llvm\"}}), got {target!r}")
+    return target
+
+
+def _check_name(name, what: str, where: str) -> None:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise HardwareRegistryError(f"{where}: invalid {what} name {name!r} "
+                                    "(letters, digits, '-', '_', '.'; starting with a letter or digit)")
+
+
+def _positive_int(value, what: str, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HardwareRegistryError(f"{where}: {what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _entries(section: dict, kind: str, where: str, known: dict):
+    """(name, entry, where-text) of a section's entries of `kind` ("family" or "platform"), each
+    checked for a valid, new name and an object body."""
+    for name, entry in section.items():
+        at = f"{where}: {kind} {name!r}"
+        _check_name(name, kind, where)
+        if name in known:
+            raise HardwareRegistryError(f"{at} is already defined in {known[name].defined_in}")
+        if not isinstance(entry, dict):
+            raise HardwareRegistryError(f"{at}: expected a JSON object")
+        yield name, entry, at
+
+
+def _families(raw: dict, where: str, defined_in: str, known: dict[str, Family]) -> dict[str, Family]:
+    out = {}
+    for name, f, at in _entries(raw["families"], "family", where, known):
+        missing = [k for k in ("vendor", "architecture", "isa") if not isinstance(f.get(k), str) or not f[k]]
+        if missing:
+            raise HardwareRegistryError(f"{at}: missing {', '.join(missing)}")
+        out[name] = Family(name, f["vendor"], f["architecture"], f["isa"], defined_in)
+    return out
+
+
+def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Family],
+               known: dict[str, Platform]) -> dict[str, Platform]:
+    out = {}
+    for name, p, at in _entries(raw["platforms"], "platform", where, known):
+        fam = families.get(p.get("family"))
+        if fam is None:
+            raise HardwareRegistryError(f"{at}: unknown family {p.get('family')!r} "
+                                        f"(known: {', '.join(sorted(families))})")
+        target = p.get("target")
+        out[name] = Platform(
             name=name,
-            family=p["family"],
-            vendor=fam["vendor"],
-            architecture=fam["architecture"],
-            isa=fam["isa"],
-            cpu=p["cpu"],
-            cores=p.get("cores"),
+            family=fam.name,
+            vendor=fam.vendor,
+            architecture=fam.architecture,
+            isa=fam.isa,
+            cpu=str(p.get("cpu", "")),
+            cores=_positive_int(p.get("cores"), "cores", at),
             compute_capability=p.get("compute_capability"),
-            source=p.get("source", ""),
-            target=p.get("target"),
-            threads=p.get("threads"),
-            restricted=p.get("restricted", ""),
+            source=str(p.get("source", "")),
+            target=None if target is None else check_target(target, f"{at}: target"),
+            threads=_positive_int(p.get("threads"), "threads", at),
+            restricted=str(p.get("restricted", "")),
+            defined_in=defined_in,
         )
-    return raw["version"], platforms
+    return out
 
 
-REGISTRY_VERSION, PLATFORMS = _load()
+def _merge(packaged: dict, user: dict | None, user_path: Path) -> Registry:
+    families = _families(packaged, f"tcl/data/{REGISTRY_FILE}", PACKAGED, {})
+    platforms = _platforms(packaged, f"tcl/data/{REGISTRY_FILE}", PACKAGED, families, {})
+    if user is not None:
+        families.update(_families(user, str(user_path), str(user_path), families))
+        platforms.update(_platforms(user, str(user_path), str(user_path), families, platforms))
+    return Registry(int(packaged["version"]), families, platforms, user_path)
+
+
+def _read_packaged() -> dict:
+    return _read_json(resources.files("tcl.data").joinpath(REGISTRY_FILE).read_text(),
+                      f"tcl/data/{REGISTRY_FILE}")
+
+
+def _read_user(path: Path) -> dict | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise HardwareRegistryError(f"{path}: cannot read the hardware registry ({exc.strerror})") from None
+    return _read_json(text, str(path))
+
+
+_cache: dict[tuple, Registry] = {}
+
+
+def load_registry() -> Registry:
+    """The packaged registry merged with the user's; re-read when the user file changes."""
+    path = user_registry_path()
+    try:
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (str(path), None, None)
+    if key not in _cache:
+        _cache.clear()
+        _cache[key] = _merge(_read_packaged(), _read_user(path), path)
+    return _cache[key]
+
+
+def platforms() -> dict[str, Platform]:
+    return load_registry().platforms
 
 
 def get_platform(name: str) -> Platform:
+    reg = load_registry()
     try:
-        return PLATFORMS[name]
+        return reg.platforms[name]
     except KeyError:
         raise KeyError(
-            f"unknown platform {name!r}; known platforms: {', '.join(sorted(PLATFORMS))} "
-            f"(add it to tcl/data/{REGISTRY_FILE})"
+            f"unknown platform {name!r}; known platforms: {', '.join(sorted(reg.platforms))} "
+            f"(add one with `tcl hardware add {name} --family FAMILY`, kept in {reg.user_path})"
         ) from None
 
 
 def family_of(platform: str) -> str:
     return get_platform(platform).family
+
+
+def _write_user(update) -> Registry:
+    """Apply `update(raw)` to the user file's JSON, check the result loads, and replace the file."""
+    from .io import atomic_write_json
+
+    reg = load_registry()
+    path = reg.user_path
+    raw = _read_user(path) or {"version": 1, "families": {}, "platforms": {}}
+    update(raw)
+    merged = _merge(_read_packaged(), raw, path)  # refuses anything a later load would refuse
+    atomic_write_json(path, raw)
+    return merged
+
+
+def add_family(name: str, vendor: str, architecture: str, isa: str) -> Family:
+    """Add a hardware family to the user registry; refuses a name that exists."""
+    reg = load_registry()
+    _check_name(name, "family", "new family")
+    if name in reg.families:
+        raise HardwareRegistryError(f"family {name!r} already exists (defined in {reg.families[name].defined_in})")
+
+    def update(raw):
+        raw["families"][name] = {"vendor": vendor, "architecture": architecture, "isa": isa}
+
+    return _write_user(update).families[name]
+
+
+def add_platform(name: str, family: str, target: dict | str | None = None, threads: int | None = None,
+                 cpu: str = "", cores: int | None = None, restricted: str = "",
+                 source: str = "user") -> Platform:
+    """Add a platform of an existing family to the user registry; refuses a name that exists."""
+    reg = load_registry()
+    _check_name(name, "platform", "new platform")
+    if name in reg.platforms:
+        raise HardwareRegistryError(f"platform {name!r} already exists (defined in "
+                                    f"{reg.platforms[name].defined_in})")
+    if family not in reg.families:
+        raise HardwareRegistryError(f"unknown family {family!r} (known: {', '.join(sorted(reg.families))}); "
+                                    f"add it first with `tcl hardware add-family {family} --vendor ... "
+                                    "--architecture ... --isa ...`")
+    entry = {"family": family, "cpu": cpu, "source": source}
+    if target is not None:
+        entry["target"] = check_target(target, "--target")
+    for key, value in (("threads", threads), ("cores", cores)):
+        if value is not None:
+            entry[key] = _positive_int(value, key, f"platform {name!r}")
+    if restricted:
+        entry["restricted"] = restricted
+
+    def update(raw):
+        raw["platforms"][name] = entry
+
+    return _write_user(update).platforms[name]

@@ -7,23 +7,25 @@ All functions take `scores` (N,), higher = predicted faster, aligned with a Feat
       score_k(net) = sum_t w_t * best_t / sum_t w_t * best_topk_t        (t over the tasks of net)
 
   where best_t is the lowest measured latency of task t in the evaluated set, best_topk_t the lowest
-  true latency among the k programs the model scores highest, and w_t the task weight. A perfect
-  model scores 1; a bad one approaches 0. `top1`/`top5` are means over networks.
+  true latency among the k programs the model scores highest, and w_t the occurrences of task t
+  *in that network* (a task shared by two networks has a weight in each). A perfect model scores
+  1; a bad one approaches 0. `top1`/`top5` are means over networks.
+* Per-task top-k (`task_top1`/`task_top5`): the unweighted mean over tasks of best_t / best_topk_t.
+  The network score is dominated by its few slowest tasks; this one weighs every task alike.
 * Pairwise accuracy: over all pairs of programs of the same task with different latencies, the
   fraction the model orders correctly (faster one scored higher). A tie in score counts 1/2.
 * Spearman: rank correlation of score with throughput (1/latency) per task, mean over the tasks
   where it is defined (>= 2 programs, not all latencies or all scores equal).
 
-When a FeatureSet carries no network names at all, every task belongs to one pseudo-network "all".
+When a FeatureSet carries no network names at all (a user's own database), the per-task score
+is the headline: `top1`/`top5` are then `task_top1`/`task_top5` and `per_network` is empty.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
-
-ALL_NETWORK = "all"
 
 
 def _clean_scores(scores) -> np.ndarray:
@@ -58,16 +60,13 @@ def task_best_topk(scores, latency, task, ks: Sequence[int] = (1, 5)) -> dict[in
 
 
 def network_tasks(task_networks: Sequence[Sequence[str]], present: Iterable[int]) -> dict[str, list[int]]:
-    """network name -> task ids (among `present`) that the network contains."""
-    present = sorted(int(t) for t in present)
+    """network name -> task ids (among `present`) that the network contains; {} without network names."""
     nets: dict[str, list[int]] = {}
-    for t in present:
+    for t in sorted(int(t) for t in present):
         names = task_networks[t] if t < len(task_networks) else []
         for name in names:
             if name:
                 nets.setdefault(name, []).append(t)
-    if not nets:  # no network information at all: one pseudo-network of every task
-        nets = {ALL_NETWORK: present}
     return dict(sorted(nets.items()))
 
 
@@ -78,19 +77,39 @@ def top_k_scores(
     task_weight,
     task_networks: Sequence[Sequence[str]],
     ks: Sequence[int] = (1, 5),
+    network_weights: Sequence[Mapping[str, float]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{network: {"top1": ..., "top5": ...}} with Tenset's weighted top-k score."""
+    """{network: {"top1": ..., "top5": ...}} with Tenset's weighted top-k score.
+
+    A task's weight in a network is `network_weights[task][network]` (its occurrences there);
+    where that is not given, `task_weight[task]` (its occurrences over all networks).
+    """
     per_task = task_best_topk(scores, latency, task, ks)
     weight = np.asarray(task_weight, dtype=np.float64)
+
+    def weight_in(t: int, net: str) -> float:
+        if network_weights is not None and t < len(network_weights) and net in network_weights[t]:
+            w = float(network_weights[t][net])
+        else:
+            w = float(weight[t]) if t < len(weight) else 1.0
+        return w if np.isfinite(w) and w > 0 else 1.0
+
     result: dict[str, dict[str, float]] = {}
     for net, tids in network_tasks(task_networks, per_task.keys()).items():
-        w = np.array([weight[t] if t < len(weight) and np.isfinite(weight[t]) else 1.0 for t in tids])
+        w = np.array([weight_in(t, net) for t in tids])
         best = np.array([per_task[t]["best"] for t in tids])
         result[net] = {}
         for k in ks:
             picked = np.array([per_task[t][k] for t in tids])
             result[net][f"top{k}"] = float(np.sum(w * best) / np.sum(w * picked))
     return result
+
+
+def task_top_k_means(scores, latency, task, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """{"task_top1": ..., "task_top5": ...}: the unweighted mean over tasks of best / best-of-top-k."""
+    per_task = task_best_topk(scores, latency, task, ks)
+    return {f"task_top{k}": float(np.mean([e["best"] / e[k] for e in per_task.values()])) if per_task
+            else float("nan") for k in ks}
 
 
 def pairwise_accuracy(scores, latency, task, block: int = 2048) -> float:
@@ -138,25 +157,31 @@ def spearman_per_task(scores, latency, task) -> dict[int, float]:
 def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
     """All metrics for one FeatureSet (one platform).
 
-    Returns {"top1", "top5" (means over networks), "per_network": {net: {"top1", "top5"}},
-    "pairwise", "spearman", "n_programs", "n_tasks", "n_networks"}.
+    Returns {"top1", "top5" (means over networks), "task_top1", "task_top5" (means over tasks),
+    "top_k_over" ("networks", or "tasks" when the set names no network: top1/top5 are then the
+    task means), "per_network": {net: {"top1", "top5"}}, "pairwise", "spearman", "n_programs",
+    "n_tasks", "n_networks"}.
     """
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if len(scores) != len(fs):
         raise ValueError(f"{len(scores)} scores for a FeatureSet of {len(fs)} programs")
-    per_network = top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks)
+    per_network = top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks,
+                               network_weights=fs.task_network_weights)
     split = fs.meta.get("split") or {}
     if split.get("name") == "test" and split.get("test_networks"):
         # Only the held-out networks are complete in a test split: a network that shares a task
         # with them (resnet18 shares convolutions with resnet50) would be scored on a fraction
         # of its tasks.
         per_network = {n: m for n, m in per_network.items() if n in split["test_networks"]} or per_network
+    task_means = task_top_k_means(scores, fs.latency, fs.task, ks)
     result: dict = {}
     for k in ks:
         vals = [m[f"top{k}"] for m in per_network.values()]
-        result[f"top{k}"] = float(np.mean(vals)) if vals else float("nan")
+        result[f"top{k}"] = float(np.mean(vals)) if vals else task_means[f"task_top{k}"]
     sp = spearman_per_task(scores, fs.latency, fs.task)
     result.update(
+        task_means,
+        top_k_over="networks" if per_network else "tasks",
         per_network=per_network,
         pairwise=pairwise_accuracy(scores, fs.latency, fs.task),
         spearman=float(np.mean(list(sp.values()))) if sp else float("nan"),
@@ -167,7 +192,10 @@ def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
     return result
 
 
-def mean_metrics(results: Sequence[dict], keys: Sequence[str] = ("top1", "top5", "pairwise", "spearman")) -> dict:
+MEAN_KEYS = ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman")
+
+
+def mean_metrics(results: Sequence[dict], keys: Sequence[str] = MEAN_KEYS) -> dict:
     """Mean of scalar metrics over several evaluations (e.g. one per platform)."""
     out = {}
     for key in keys:

@@ -11,7 +11,7 @@ dvc.yaml is one call of this module with the family name::
     python -m tcl.pipeline profile-args params-paper.yaml   # -S flags for `dvc exp run`
 
 The work itself is done by the same functions as `tcl train`, `tcl evaluate` and
-`tcl register` (tcl.cli.models.run_train, tcl.metrics, tcl.registry.register_kb).
+`tcl register` (tcl.experiments.run_train, tcl.metrics, tcl.registry.register_kb).
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ DEFAULT_EXPERIMENT = "tcl-pipeline"
 
 
 def load_params(path: str | os.PathLike = "params.yaml") -> dict:
-    import yaml
+    from tcl.config import ParamsError
+    from tcl.config import load_params as load
 
-    p = Path(path)
-    if not p.is_file():
-        raise click.ClickException(f"params file not found: {p}")
-    return yaml.safe_load(p.read_text()) or {}
+    try:
+        return load(path)
+    except ParamsError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def family_platforms(family: str, params: dict) -> list[str]:
@@ -60,7 +61,7 @@ def family_platforms(family: str, params: dict) -> list[str]:
     for p in platforms:
         try:
             actual = family_of(p)
-        except KeyError as exc:
+        except (KeyError, ValueError) as exc:  # ValueError: a broken user hardware.json
             raise click.ClickException(str(exc.args[0])) from None
         if actual != family:
             raise click.ClickException(f"platform {p!r} belongs to family {actual!r}, not {family!r} "
@@ -113,24 +114,31 @@ def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
 
 
 def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
-                 params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR) -> dict:
+                 params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR,
+                 preset: str | None = None, experiment: str | None = None,
+                 train_overrides: dict | None = None) -> dict:
     """Train the family's KB (Mamba, ``pipeline.preset``) on its platforms' train splits with the
-    valid splits for early stopping; ``pipeline.train`` overrides ``train:``. One MLflow run."""
-    from tcl.cli.models import run_train
+    valid splits for early stopping. Training settings: ``train:``, then ``pipeline.train``, then
+    `train_overrides` (what the DVC stage passes on its command line). One MLflow run."""
+    from tcl.experiments import JobError, run_train
     from tcl.io import atomic_write_json
 
     params = load_params(params_path)
     platforms = family_platforms(family, params)
     pipe = params.get("pipeline") or {}
-    preset = str(pipe.get("preset", "kb"))
-    summary = run_train(
-        "mamba",
-        split_files(platforms, "train", splits_dir),
-        split_files(platforms, "valid", splits_dir),
-        split_files(platforms, "test", splits_dir),
-        preset, params_path, {}, dict(pipe.get("train") or {}), out,
-        experiment=str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
-        run_name=f"{preset}-{family}", progress=False)
+    preset = preset or str(pipe.get("preset", "kb"))
+    try:
+        summary = run_train(
+            "mamba",
+            split_files(platforms, "train", splits_dir),
+            split_files(platforms, "valid", splits_dir),
+            split_files(platforms, "test", splits_dir),
+            params, out, preset=preset,
+            train_overrides={**(pipe.get("train") or {}), **(train_overrides or {})},
+            experiment=experiment or str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
+            run_name=f"{preset}-{family}", progress=False)
+    except JobError as exc:
+        raise click.ClickException(str(exc)) from None
     loss, valid = learning_curves(json.loads((Path(out) / "history.json").read_text()))
     atomic_write_json(loss_plot, loss)
     atomic_write_json(valid_plot, valid)
@@ -147,19 +155,19 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
     from tcl import metrics as M
     from tcl.features import FeatureSet
     from tcl.io import atomic_write_json
-    from tcl.training import load_trained, predict_scores
+    from tcl.models import load_model
 
     params = load_params(params_path)
     platforms = family_platforms(family, params)
     files = split_files(platforms, "test", splits_dir)
-    net, info = load_trained(model)
+    net = load_model(model)
     per_platform = {}
     for platform, path in zip(platforms, files):
         fs = FeatureSet.load(path)
         if len(fs) == 0:
             raise click.ClickException(f"{path} is empty: no held-out programs to evaluate on")
-        per_platform[platform] = M.evaluate(predict_scores(net, fs), fs)
-    result = {"family": family, "platforms": platforms, "kind": info.get("kind"),
+        per_platform[platform] = M.evaluate(net.predict_features(fs), fs)
+    result = {"family": family, "platforms": platforms, "kind": net.kind,
               **M.mean_metrics(list(per_platform.values())),
               "n_programs": sum(r["n_programs"] for r in per_platform.values()),
               "per_platform": per_platform}
@@ -170,7 +178,8 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
 
 
 def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: str, out: str,
-                    params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR) -> dict:
+                    params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR,
+                    alias: str | None = None) -> dict:
     """Register the exported KB as a version of ``tcl-kb-<family>`` (alias ``candidate``), tagged
     per docs/lifecycle.md. Idempotent: the same checkpoint of the same run is not registered twice."""
     from tcl import registry, tracking
@@ -184,7 +193,8 @@ def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: 
     data_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "train", splits_dir))
     eval_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "test", splits_dir))
     version = registry.register_kb(checkpoint, family, platforms, run_id, metrics, eval_hash,
-                                   data_hash, onnx_path=onnx_path)
+                                   data_hash, onnx_path=onnx_path,
+                                   alias=alias or (params.get("registry") or {}).get("alias_new"))
     info = registry.show(family, version)
     atomic_write_text(out, registry.dumps(info) + "\n")
     return info
@@ -192,9 +202,7 @@ def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: 
 
 def profile_args(path: str | os.PathLike) -> list[str]:
     """``-S key=value`` arguments for `dvc exp run` from a params profile (nested keys dotted)."""
-    import yaml
-
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_params(path)
     args: list[str] = []
 
     def walk(prefix: str, node) -> None:
@@ -224,18 +232,45 @@ _splits_opt = click.option("--splits", "splits_dir", default=SPLITS_DIR, show_de
                            help="directory holding <platform>/{train,valid,test}.npz")
 
 
-@main.command("train")
+def parse_train_args(args: list[str]) -> dict:
+    """``--key value`` pairs (DVC's rendering of a params dict on a command line) -> dict, values
+    parsed as YAML scalars; a ``--flag`` without a value is True. A repeated key: the last wins."""
+    import yaml
+
+    out, i = {}, 0
+    while i < len(args):
+        if not args[i].startswith("--") or len(args[i]) < 3:
+            raise click.UsageError(f"expected --KEY VALUE training settings, got {args[i]!r}")
+        key = args[i][2:].replace("-", "_")
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[key] = yaml.safe_load(args[i + 1])
+            i += 2
+        else:
+            out[key] = True
+            i += 1
+    return out
+
+
+@main.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("family")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="training output dir")
 @click.option("--loss-plot", required=True, type=click.Path(dir_okay=False),
               help="per-epoch train loss JSON")
 @click.option("--valid-plot", required=True, type=click.Path(dir_okay=False),
               help="per-epoch validation top-1/top-5 JSON")
+@click.option("--preset", default=None, help="models.mamba.<preset> (default: pipeline.preset)")
+@click.option("--experiment", default=None, help="MLflow experiment (default: pipeline.experiment)")
 @_params_opt
 @_splits_opt
-def train_cmd(family, out, loss_plot, valid_plot, params_path, splits_dir):
-    """Train FAMILY's KB model on its platforms (an MLflow run)."""
-    s = train_family(family, out, loss_plot, valid_plot, params_path, splits_dir)
+@click.pass_context
+def train_cmd(ctx, family, out, loss_plot, valid_plot, preset, experiment, params_path, splits_dir):
+    """Train FAMILY's KB model on its platforms (an MLflow run).
+
+    Extra ``--KEY VALUE`` arguments set ``train:`` values (e.g. ``--epochs 5``), over
+    ``pipeline.train`` of the params file.
+    """
+    s = train_family(family, out, loss_plot, valid_plot, params_path, splits_dir, preset=preset,
+                     experiment=experiment, train_overrides=parse_train_args(ctx.args))
     keys = [k for k in sorted(s) if k.startswith(("best_valid_", "test_")) or k in ("best_epoch", "epochs_run")]
     click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
                "  ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}" for k in keys))
@@ -261,14 +296,16 @@ def evaluate_cmd(family, model, out, plot, params_path, splits_dir):
 @click.option("--onnx", "onnx_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--metrics", "metrics_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="version info JSON")
+@click.option("--alias", default=None, help="alias of the new version (default: registry.alias_new)")
 @_params_opt
 @_splits_opt
-def register_cmd(family, checkpoint, onnx_path, metrics_path, out, params_path, splits_dir):
+def register_cmd(family, checkpoint, onnx_path, metrics_path, out, alias, params_path, splits_dir):
     """Register FAMILY's exported KB in the MLflow registry (alias candidate)."""
     from tcl.registry import TclRegistryError
 
     try:
-        info = register_family(family, checkpoint, onnx_path, metrics_path, out, params_path, splits_dir)
+        info = register_family(family, checkpoint, onnx_path, metrics_path, out, params_path,
+                               splits_dir, alias=alias)
     except TclRegistryError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{info['name']} version {info['version']} (aliases: {', '.join(info['aliases'])}) -> {out}")

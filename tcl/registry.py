@@ -18,6 +18,7 @@ MLflow is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tcl import tracking
+from tcl.io import file_sha256
 
 PREFIX = "tcl-kb-"
 REGISTRY_EXPERIMENT = "tcl-registry"
@@ -54,22 +56,13 @@ def model_name(family: str) -> str:
     return PREFIX + family
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _defaults() -> dict:
     """registry section of params.yaml (alias_new, alias_serve)."""
-    try:
-        import yaml
+    from tcl.config import ParamsError, load_params
 
-        params = yaml.safe_load((tracking.repo_root() / "params.yaml").read_text()) or {}
-        return dict(params.get("registry") or {})
-    except (OSError, ValueError):
+    try:
+        return dict(load_params(tracking.repo_root() / "params.yaml", required=False).get("registry") or {})
+    except ParamsError:
         return {}
 
 
@@ -184,8 +177,9 @@ def _alias_holder(client, name: str, alias: str):
 
 def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list[str] | str,
                 run_id: str | None, eval_metrics: dict, eval_data_hash: str, data_hash: str,
-                onnx_path: str | os.PathLike | None = None) -> int:
-    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``.
+                onnx_path: str | os.PathLike | None = None, alias: str | None = None) -> int:
+    """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``
+    with `alias` (default: params ``registry.alias_new``, i.e. ``candidate``).
 
     Returns the version number. When `onnx_path` is None the checkpoint is exported here. When
     `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
@@ -228,6 +222,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 if tags.get("checkpoint_sha256") == ckpt_sha and (
                         run_id is None or tags.get("run_id") == run_id) and (
                         given_onnx_sha is None or tags.get("onnx_sha256") == given_onnx_sha):
+                    _repair_alias(client, name, mv)
                     return int(mv.version)
         if run_id is not None:
             try:
@@ -301,12 +296,26 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                     metadata={"family": family, "feature_version": tags["feature_version"]},
                 )
                 mv = mlflow.register_model(info.model_uri, name, tags=tags)
-                client.set_registered_model_alias(name, alias_new(), mv.version)
-                client.set_registered_model_tag(name, "family", family)
+                try:
+                    client.set_registered_model_alias(name, alias or alias_new(), mv.version)
+                    client.set_registered_model_tag(name, "family", family)
+                except BaseException:
+                    # no version without its alias: undo this one (a killed process cannot; a
+                    # rerun repairs that case, see _repair_alias)
+                    with contextlib.suppress(Exception):
+                        client.delete_model_version(name, mv.version)
+                    raise
             finally:
                 if created_run is not None:
                     client.set_terminated(run_id)
     return int(mv.version)
+
+
+def _repair_alias(client, name: str, mv) -> None:
+    """Give the newest registration its `candidate` alias when a killed `register` left it without."""
+    holder = _alias_holder(client, name, alias_new())
+    if holder is None or int(holder.version) < int(mv.version):
+        client.set_registered_model_alias(name, alias_new(), mv.version)
 
 
 def _signature(n_features: int):

@@ -16,7 +16,8 @@ from typing import Iterable
 
 __all__ = ["METRICS", "summarize", "as_metrics", "format_markdown", "bar_rows"]
 
-METRICS = ("top1", "top5", "pairwise", "spearman")
+# task_top1/task_top5: the unweighted mean over tasks, beside the network-weighted top-k
+METRICS = ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman")
 
 
 def _stats(values: list[float]) -> dict:
@@ -66,9 +67,11 @@ def as_metrics(rows: list[dict]) -> dict:
 
 
 def format_markdown(rows: list[dict]) -> str:
-    """A Markdown table: platform, model, runs, then mean ± sd (min–max for top-1) per metric."""
-    head = "| platform | model | runs | top-1 | top-1 min–max | top-5 | pairwise | Spearman |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    """A Markdown table: platform, model, runs, then mean ± sd (min–max for top-1) per metric;
+    "task top-k" is the per-task mean (a result from before it existed shows "-")."""
+    head = ("| platform | model | runs | top-1 | top-1 min–max | top-5 | task top-1 | task top-5 | pairwise "
+            "| Spearman |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         def cell(key: str) -> str:
             s = r.get(key)
@@ -76,7 +79,8 @@ def format_markdown(rows: list[dict]) -> str:
         t1 = r.get("top1")
         span = f"{t1['min']:.3f}–{t1['max']:.3f}" if t1 else "-"
         lines.append(f"| {r['platform']} | {r['model']} | {r['n_runs']} | {cell('top1')} | {span} | "
-                     f"{cell('top5')} | {cell('pairwise')} | {cell('spearman')} |")
+                     f"{cell('top5')} | {cell('task_top1')} | {cell('task_top5')} | {cell('pairwise')} | "
+                     f"{cell('spearman')} |")
     return "\n".join(lines) + "\n"
 
 

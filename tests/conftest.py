@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import subprocess
@@ -65,3 +66,74 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+# --- processes a test leaves behind --------------------------------------------------------------
+# TVM's RPC tracker and server, MetaSchedule's builder/runner pools and the MLflow server each run
+# helper processes (tvm.exec.popen_worker, gunicorn workers) that outlive their parent when only
+# the parent is stopped. Every process the tests start inherits this session's mark in its
+# environment, so one still running at the end is found even after it was re-parented to init.
+
+SESSION_MARK = "TCL_TEST_SESSION"
+
+
+def stop_process_tree(proc, timeout: float = 10.0) -> None:
+    """Stop a started process (subprocess.Popen) and every process under it."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    proc.terminate()
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    _, alive = psutil.wait_procs(tree, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+def _marked_processes(mark: str, since: float) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "create_time"]):
+        if p.pid == os.getpid() or (p.info["create_time"] or 0) < since:
+            continue
+        try:
+            if p.environ().get(SESSION_MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes():
+    """Fail the session when a process started by the tests is still running at its end."""
+    import time
+    import uuid
+
+    import psutil
+
+    mark, since = uuid.uuid4().hex, time.time() - 1
+    os.environ[SESSION_MARK] = mark
+    yield
+    leftover = _marked_processes(mark, since)
+    if leftover:  # give processes on their way out a moment before calling them left behind
+        _, leftover = psutil.wait_procs(leftover, timeout=5)
+    if leftover:
+        described = []
+        for p in leftover:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                described.append(f"{p.pid}: {' '.join(p.cmdline())[:160]}")
+                p.kill()  # started by this session (it carries the mark): ours to stop
+        pytest.fail("processes started by the tests were left running (now killed):\n  "
+                    + "\n  ".join(described), pytrace=False)

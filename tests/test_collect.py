@@ -13,7 +13,7 @@ from tcl.records import Record
 from tcl.records.ingest import ingest
 from tcl.records.metaschedule import read_database
 
-from .conftest import run_tcl
+from .conftest import run_tcl, stop_process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +101,7 @@ def test_collect_through_an_rpc_tracker_and_server(tmp_path):
     finally:
         for p in (server, tracker):
             if p is not None:
-                p.terminate()
-                p.wait(10)
+                stop_process_tree(p)
 
 
 def test_collect_fails_fast_without_an_rpc_server(tmp_path):
@@ -115,5 +114,4 @@ def test_collect_fails_fast_without_an_rpc_server(tmp_path):
                        "--trials", "1", "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "nobody", check=False)
         assert proc.returncode == 2 and "no server registered with key 'nobody'" in proc.stderr
     finally:
-        tracker.terminate()
-        tracker.wait(10)
+        stop_process_tree(tracker)

@@ -9,7 +9,8 @@ import pytest
 
 from tcl import registry, tracking
 from tcl.export import export_onnx, read_metadata
-from tcl.serving import ModelMismatchError, bench_serving, load_predictor
+from tcl.bench.serving import bench_serving
+from tcl.serving import ModelMismatchError, load_predictor
 
 F, L = 14, 16
 CONFIG = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
@@ -46,12 +47,12 @@ def torch_scores(model, x, mask):
 def kb(tmp_path_factory):
     import torch
 
-    from tcl.models.checkpoint import load_checkpoint, save_checkpoint
-    from tcl.models.nets import build_model
+    from tcl.models.checkpoint import save_checkpoint
+    from tcl.models.nets import build_net, load_checkpoint
 
     d = tmp_path_factory.mktemp("kb")
     torch.manual_seed(0)
-    model = build_model("mamba", F, **CONFIG)
+    model = build_net("mamba", F, **CONFIG)
     save_checkpoint(d / "kb.pt", model, "mamba", CONFIG, feature_meta())
     out = export_onnx(d / "kb.pt", d / "kb.onnx", "amd-zen4-avx512", source_run="run123")
     model, _ = load_checkpoint(d / "kb.pt")
@@ -212,10 +213,10 @@ def test_predict_refuses_wrong_shapes(kb):
 
 
 def _platforms_by_family():
-    from tcl.hardware import PLATFORMS
+    from tcl.hardware import platforms
 
     out = {}
-    for name, p in PLATFORMS.items():
+    for name, p in platforms().items():
         out.setdefault(p.family, name)
     return out
 
@@ -300,11 +301,11 @@ def test_registry_entry_whose_onnx_names_another_family_is_refused(store, tmp_pa
     import torch
 
     from tcl.export import export_model
-    from tcl.models.nets import build_model
+    from tcl.models import new_model
 
     torch.manual_seed(3)
-    model = build_model("mamba", F, **CONFIG)
-    p = export_model(model, tmp_path / "m.onnx", "x86-avx2", "mamba", CONFIG, feature_meta())
+    model = new_model("mamba", F, CONFIG, feature_meta())
+    p = export_model(model, tmp_path / "m.onnx", "x86-avx2")
     with tracking.start_run("tcl-test"):
         info = mlflow.onnx.log_model(onnx.load(str(p)), name="kb", pip_requirements=["onnx"],
                                      save_as_external_data=False)

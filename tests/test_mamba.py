@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tcl.models.mamba import (
-    Mamba,
+from tcl.models.mamba import Mamba
+from tcl.models.scans import (
     scan_parallel_tm,
     scan_sequential_tm,
     scan_unrolled_tm,
@@ -235,7 +235,7 @@ def test_cuda_matches_cpu():
     installed, else the PyTorch scans) and agree with the CPU reference, gradients included."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from tcl.models.nets import build_model
+    from tcl.models.nets import build_net
 
     torch.manual_seed(0)
     cpu = Mamba(32, d_state=8, d_conv=4, expand=2)
@@ -254,7 +254,7 @@ def test_cuda_matches_cpu():
         for (name, p), q in zip(gpu.named_parameters(), cpu.parameters()):
             torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4,
                                        msg=f"{method}: grad of {name}")
-    model = build_model("mamba", 20, d_model=32, n_layers=1, d_state=8, expand=1, d_conv=4).eval()
+    model = build_net("mamba", 20, d_model=32, n_layers=1, d_state=8, expand=1, d_conv=4).eval()
     xs = torch.randn(16, 24, 20)
     mask = torch.arange(24)[None, :] < torch.randint(1, 25, (16, 1))
     with torch.no_grad():
@@ -265,7 +265,7 @@ def test_cuda_matches_cpu():
 
 def test_scan_backward_gradcheck():
     """The hand-written backward of the sequential scan (chunked recompute) is exact."""
-    from tcl.models.mamba import _SelectiveScanFn
+    from tcl.models.scans import _SelectiveScanFn
 
     g = torch.Generator().manual_seed(0)
     for L in (1, 5, 10):  # chunk size ceil(sqrt(L)): one chunk, a partial last chunk, exact chunks

@@ -79,11 +79,26 @@ def test_nan_scores_rank_last():
     assert per_task[0][1] == 2.0  # the NaN-scored program is never the top-1 pick
 
 
-def test_pseudo_network_when_no_network_names():
-    res = M.top_k_scores(SCORES, LAT, TASK, WEIGHT, [[], [], []])
-    # all tasks: top1 = (2*1 + 1*3 + 3*5) / (2*2 + 1*6 + 3*5) = 20/25
-    assert list(res) == [M.ALL_NETWORK]
-    assert res[M.ALL_NETWORK]["top1"] == pytest.approx(20 / 25)
+def test_no_pseudo_network_when_no_network_names():
+    assert M.top_k_scores(SCORES, LAT, TASK, WEIGHT, [[], [], []]) == {}
+
+
+def test_a_shared_task_weighs_its_count_in_each_network_by_hand():
+    # task 1 occurs 3 times in netA and once in netB (4 in all); tasks 0 and 2 as above
+    per_net = [{"netA": 2.0}, {"netA": 3.0, "netB": 1.0}, {"netB": 3.0}]
+    res = M.top_k_scores(SCORES, LAT, TASK, np.array([2.0, 4.0, 3.0]), NETWORKS, network_weights=per_net)
+    # netA = tasks 0, 1: (2*1 + 3*3) / (2*2 + 3*6) = 11/22
+    assert res["netA"]["top1"] == pytest.approx(11 / 22)
+    # netB = tasks 1, 2: (1*3 + 3*5) / (1*6 + 3*5) = 18/21; the total count 4 would give 27/39
+    assert res["netB"]["top1"] == pytest.approx(18 / 21)
+    assert not math.isclose(18 / 21, 27 / 39)
+
+
+def test_task_means_by_hand():
+    # best / pick per task, top-1: 1/2, 3/6, 5/5; top-5 holds every program: 1, 1, 1
+    means = M.task_top_k_means(SCORES, LAT, TASK)
+    assert means["task_top1"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    assert means["task_top5"] == pytest.approx(1.0)
 
 
 def test_top1_perfect_and_worst():
@@ -201,11 +216,29 @@ def test_evaluate_feature_set_by_hand():
     assert res["per_network"]["netA"]["top1"] == pytest.approx(5 / 10)
     assert res["top1"] == pytest.approx((5 / 10 + 18 / 21) / 2)  # mean over netA and netB
     assert res["top5"] == pytest.approx(1.0)
+    assert res["task_top1"] == pytest.approx(2 / 3) and res["task_top5"] == pytest.approx(1.0)
+    assert res["top_k_over"] == "networks"
     assert res["pairwise"] == pytest.approx(7 / 10)
     assert res["spearman"] == pytest.approx((-0.5 - 1.0 + 1.0) / 3)
     assert (res["n_programs"], res["n_tasks"], res["n_networks"]) == (9, 3, 2)
     with pytest.raises(ValueError):
         M.evaluate(SCORES[:-1], fs)
+
+
+def test_without_network_names_the_task_mean_is_the_headline():
+    from tcl.features import FeatureSet
+
+    n = len(LAT)
+    fs = FeatureSet(
+        x=np.zeros((n, 2, 3), np.float32), mask=np.ones((n, 2), bool),
+        y=np.ones(n, np.float32), latency=LAT, task=TASK, program_id=np.array([str(i) for i in range(n)]),
+        tasks=["t0", "t1", "t2"], task_desc=["a", "b", "c"], task_weight=np.ones(3), task_networks=[[], [], []],
+        platform="p", meta={},
+    )
+    res = M.evaluate(SCORES, fs)
+    assert res["per_network"] == {} and res["n_networks"] == 0 and res["top_k_over"] == "tasks"
+    assert res["top1"] == res["task_top1"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    assert res["top5"] == res["task_top5"] == pytest.approx(1.0)
 
 
 def test_test_split_scores_only_its_held_out_networks():
@@ -233,17 +266,20 @@ def test_test_split_scores_only_its_held_out_networks():
 # -- seed summaries (tcl.summary / `tcl summarize`) ------------------------------------------
 
 
-def _result(platform, kind, top1, top5, nets=None):
-    return {"platform": platform, "kind": kind, "top1": top1, "top5": top5, "pairwise": 0.5,
-            "spearman": float("nan"), "per_network": nets or {}}
+def _result(platform, kind, top1, top5, nets=None, task_top1=None):
+    out = {"platform": platform, "kind": kind, "top1": top1, "top5": top5, "pairwise": 0.5,
+           "spearman": float("nan"), "per_network": nets or {}}
+    if task_top1 is not None:
+        out.update(task_top1=task_top1, task_top5=1.0)
+    return out
 
 
 def test_summary_mean_sd_by_hand():
     from tcl.summary import as_metrics, format_markdown, summarize
 
     rows = summarize([
-        _result("p", "mamba", 0.6, 0.8, {"resnet50": {"top1": 0.5, "top5": 0.7}}),
-        _result("p", "mamba", 0.4, 0.9, {"resnet50": {"top1": 0.3, "top5": 0.9}}),
+        _result("p", "mamba", 0.6, 0.8, {"resnet50": {"top1": 0.5, "top5": 0.7}}, task_top1=0.9),
+        _result("p", "mamba", 0.4, 0.9, {"resnet50": {"top1": 0.3, "top5": 0.9}}, task_top1=0.7),
         _result("p", "tlp", 0.7, 0.7),
         _result("q", "tlp", 0.1, 0.2),
         {**_result("q", "mamba", 0.3, 0.3), "label": "d_conv2"},
@@ -261,7 +297,11 @@ def test_summary_mean_sd_by_hand():
     m = as_metrics(rows)
     assert m["p"]["mamba"]["top1"] == 0.5 and m["q"]["tlp"]["n_runs"] == 1
     table = format_markdown(rows)
-    assert "| p | mamba | 2 | 0.500 ± 0.141 | 0.400–0.600 |" in table
+    # top-1, its range, top-5, then the per-task means beside them
+    assert "| p | mamba | 2 | 0.500 ± 0.141 | 0.400–0.600 | 0.850 ± 0.071 | 0.800 ± 0.141 | 1.000 ± 0.000 |" \
+        in table
+    assert "| p | tlp | 1 | 0.700 ± 0.000 | 0.700–0.700 | 0.700 ± 0.000 | - | - |" in table  # no task means
+    assert m["p"]["mamba"]["task_top1"] == 0.8
 
 
 def test_summarize_cli(tmp_path):

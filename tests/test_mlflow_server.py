@@ -58,13 +58,13 @@ def test_server_reads_registry_copy(tmp_path, monkeypatch):
 
     from tcl.export import export_onnx
     from tcl.models.checkpoint import save_checkpoint
-    from tcl.models.nets import build_model
+    from tcl.models.nets import build_net
 
     db = tmp_path / "registry" / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
     tracking.ensure_store()
     torch.manual_seed(0)
-    model = build_model("mamba", F, **CONFIG)
+    model = build_net("mamba", F, **CONFIG)
     meta = {"feature_version": "srv-fv", "max_len": L, "n_features": F}
     save_checkpoint(tmp_path / "kb.pt", model, "mamba", CONFIG, meta)
     onnx_path = export_onnx(tmp_path / "kb.pt", tmp_path / "kb.onnx", "srvfam")

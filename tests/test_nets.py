@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from tcl.models import build_model, load_checkpoint, load_preset, save_checkpoint
+from tcl.models import model_config
+from tcl.models.checkpoint import save_checkpoint
+from tcl.models.nets import build_net as build_model
+from tcl.models.nets import load_checkpoint
 from tcl.models.nets import count_parameters, export_onnx, flops_per_prediction, model_size_mb
 
 F_ = 12
@@ -78,7 +81,7 @@ def test_mamba_length_sorted_cropped_blocks_equal_one_pass():
     mask[3] = False
     mask[5, 1] = False
     with torch.no_grad():
-        whole = model._forward(x, mask)
+        whole = model.head(model._pool(x, mask)).squeeze(-1)
         blocked = model(x, mask)
         model.block_rows = 0
         one_block = model(x, mask)
@@ -177,11 +180,14 @@ def test_checkpoint_rejects_non_json_metadata(tmp_path):
 
 
 def test_presets_sizes_and_flops():
-    kb, ac = load_preset("kb", REPO / "params.yaml"), load_preset("mamba-ac", REPO / "params.yaml")
+    import yaml
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    kb, ac = model_config("mamba", params), model_config("mamba", params, "ac")
     assert kb == {"d_model": 64, "n_layers": 1, "d_state": 8, "expand": 1, "d_conv": 4}
     assert ac["d_model"] > kb["d_model"]
     with pytest.raises(KeyError):
-        load_preset("nope", REPO / "params.yaml")
+        model_config("mamba", params, "nope")
     m_kb, m_ac = build_model("mamba", 64, **kb), build_model("mamba", 64, **ac)
     assert model_size_mb(m_kb) == pytest.approx(count_parameters(m_kb) * 4 / 1e6)
     assert 0.05 < model_size_mb(m_kb) < model_size_mb(m_ac)
@@ -218,17 +224,19 @@ def test_models_learn(kind):
 
 
 def test_bench_predict_rows_and_flops_at_mean_length():
-    from tcl.bench_predict import MATMUL, NAIVE, bench_predict, format_table, model_for
+    from tcl.bench.predict import MATMUL, NAIVE, bench_predict, format_table, model_for
+    from tcl.config import load_params
     from tcl.models.nets import flops_per_prediction
 
+    params = load_params(REPO / "params.yaml")
     rows = bench_predict(kinds="mamba-kb,mlp", batch_sizes=(8,), seq_len=10, n_features=F_, seconds=0.05,
-                         threads=1, params_path=REPO / "params.yaml")
+                         threads=1, params=params)
     by = {r["model"]: r for r in rows}
     assert set(by) == {"mamba-kb", "mlp", NAIVE, MATMUL}
     assert all(r["programs_per_s"] > 0 for r in rows if r["model"] != MATMUL)
     kb = by["mamba-kb"]
-    full = flops_per_prediction(model_for("mamba-kb", F_, REPO / "params.yaml")[2], 10)
+    full = flops_per_prediction(model_for("mamba-kb", F_, params)[2], 10)
     # Mamba skips padding: FLOPs at the mean valid length (lengths in [5, 10]); MLP pays for all 10
     assert full / 2 <= kb["flops_per_prediction"] < full
-    assert by["mlp"]["flops_per_prediction"] == flops_per_prediction(model_for("mlp", F_, REPO / "params.yaml")[2], 10)
+    assert by["mlp"]["flops_per_prediction"] == flops_per_prediction(model_for("mlp", F_, params)[2], 10)
     assert kb["speedup_vs_naive"] > 0 and "mamba-kb" in format_table(rows)

@@ -1,5 +1,6 @@
-"""MetaSchedule per-store features (tcl.perstore) on the real fixture databases, checked against
-MetaSchedule's own extractor called directly on TVM's own reading of the same databases."""
+"""MetaSchedule per-store features (tcl.perstore, tcl.perstore_extract) on the real fixture
+databases, checked against MetaSchedule's own extractor called directly on TVM's own reading of
+the same databases."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def fixture_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def extracted(fixture_data):
-    from tcl.perstore import extract_perstore
+    from tcl.perstore_extract import extract_perstore
 
     root, records, fs = fixture_data
     ps, n_cached = extract_perstore(fs, records, root, workers=1)
@@ -40,7 +41,7 @@ def extracted(fixture_data):
 def _direct_features(db_dir, extract_workload=True) -> dict[float, np.ndarray]:
     """PerStoreFeature of every record of a database read by TVM's JSONDatabase (which orders
     records by speed), keyed by the record's mean run time (unique in the fixtures)."""
-    from tcl.perstore import _init_worker
+    from tcl.perstore_extract import _init_worker
 
     _init_worker()
     import tvm
@@ -93,7 +94,7 @@ def test_aligned_with_the_step_features(fixture_data, extracted):
 
 def test_features_do_not_depend_on_the_cpu_target():
     """The premise of the cross-platform cache: an SSE, AVX2 and AVX-512 target give equal rows."""
-    from tcl.perstore import _init_worker
+    from tcl.perstore_extract import _init_worker
 
     _init_worker()
     import tvm
@@ -116,7 +117,7 @@ def test_features_do_not_depend_on_the_cpu_target():
 
 
 def test_two_workers_and_the_cache_give_the_same_features(fixture_data, extracted, tmp_path):
-    from tcl.perstore import extract_perstore
+    from tcl.perstore_extract import extract_perstore
 
     root, records, fs = fixture_data
     ps, n_cached = extract_perstore(fs, records, root, workers=2, cache_dir=tmp_path)
@@ -147,13 +148,32 @@ def test_save_load_round_trip_and_feature_file_dispatch(extracted, fixture_data,
 
 
 def test_load_refuses_offsets_that_do_not_fit(extracted, tmp_path):
-    from tcl.perstore import PerStoreSet
+    from tcl.features import FeatureFileError
+    from tcl.perstore import PerStoreSet, load_feature_file
 
     bad = PerStoreSet(**{**extracted.__dict__, "offsets": extracted.offsets.copy()})
     bad.offsets[-1] += 1
     bad.save(tmp_path / "bad.perstore.npz")
-    with pytest.raises(ValueError, match="bad.perstore.npz: offsets"):
-        PerStoreSet.load(tmp_path / "bad.perstore.npz")
+    with pytest.raises(FeatureFileError, match="bad.perstore.npz: offsets"):
+        load_feature_file(tmp_path / "bad.perstore.npz")
+    (tmp_path / "records.perstore.npz").write_bytes(b"PAR1 not features")
+    with pytest.raises(FeatureFileError, match="records.perstore.npz: a records Parquet file"):
+        load_feature_file(tmp_path / "records.perstore.npz")
+
+
+def test_padded_view_holds_each_programs_stores_then_zeros(extracted):
+    """The (N, S, 172) view the per-store kinds read, built per batch: program i's rows, then zero
+    rows up to the most stores of any program, mask True exactly on its rows."""
+    x, mask = extracted.padded()
+    most = int(extracted.n_stores.max())
+    assert x.shape == (len(extracted), most, 172) and mask.shape == (len(extracted), most)
+    index = np.array([5, 0, 47, 5])
+    for block in (x[index], x[:][index], np.asarray(x)[index]):  # an index array, a slice, the whole
+        assert block.dtype == np.float32
+        for k, i in enumerate(index):
+            n = len(extracted.program(i))
+            np.testing.assert_array_equal(block[k, :n], extracted.program(i))
+            assert not block[k, n:].any() and mask[i].sum() == n and mask[i, :n].all()
 
 
 def test_subset_and_split_keep_each_programs_stores(extracted, fixture_data):
@@ -173,7 +193,7 @@ def test_subset_and_split_keep_each_programs_stores(extracted, fixture_data):
 
 
 def test_a_record_missing_from_the_database_is_named(fixture_data, tmp_path):
-    from tcl.perstore import extract_perstore
+    from tcl.perstore_extract import extract_perstore
 
     root, records, fs = fixture_data
     with pytest.raises(ValueError, match=r"row 0 .*has no record in .*dense_256"):
@@ -189,7 +209,28 @@ def test_featurize_and_split_commands_write_the_perstore_files(fixture_data, tmp
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["perstore"]["stores"] > summary["programs"] == 48
     assert summary["perstore"]["failed"] == 0
-    run_tcl("split", tmp_path / "f" / "p.npz", "--out-dir", tmp_path / "s", "--valid-fraction", "0.5")
+    run_tcl("split", tmp_path / "f" / "p.npz", "--out-dir", tmp_path / "s", "--valid-fraction", "0.5",
+            "--test-networks", "")
     names = sorted(p.name for p in (tmp_path / "s").iterdir())
     assert names == ["test.npz", "test.perstore.npz", "train.npz", "train.perstore.npz",
                      "valid.npz", "valid.perstore.npz"]
+    from tcl.features import FeatureSet
+    from tcl.perstore import PerStoreSet
+
+    for name in ("train", "valid"):
+        step, per_store = FeatureSet.load(tmp_path / "s" / f"{name}.npz"), PerStoreSet.load(tmp_path / "s" / f"{name}.perstore.npz")
+        assert len(step) > 0
+        np.testing.assert_array_equal(per_store.program_id, step.program_id)
+        np.testing.assert_array_equal(per_store.y, step.y)
+
+
+def test_split_refuses_a_perstore_file_of_other_programs(fixture_data, extracted, tmp_path):
+    from tests.conftest import run_tcl
+
+    _, _, fs = fixture_data
+    fs.save(tmp_path / "p.npz")
+    extracted.subset(np.arange(1, len(extracted))).save(tmp_path / "p.perstore.npz")
+    proc = run_tcl("split", tmp_path / "p.npz", "--out-dir", tmp_path / "s", "--test-networks", "", check=False)
+    assert proc.returncode == 1
+    assert "p.perstore.npz: its programs are not those of" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "s").exists()  # nothing written

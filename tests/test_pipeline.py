@@ -98,6 +98,9 @@ def project(tmp_path_factory):
         _slice_raw(raw / platform, root / "data" / "raw" / platform, platform, keep)
 
     shutil.copyfile(REPO / "dvc.yaml", root / "dvc.yaml")
+    shutil.copyfile(REPO / ".dvcignore", root / ".dvcignore")
+    # the stages list the code they run as deps (tcl/...): the project carries a copy of it
+    shutil.copytree(REPO / "tcl", root / "tcl", ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["platforms"] = [p for ps in FAMILIES.values() for p in ps]
     params["families"] = FAMILIES
@@ -239,7 +242,7 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     # and the PyTorch checkpoint agree
     import torch
 
-    from tcl.models.checkpoint import load_checkpoint
+    from tcl.models.nets import load_checkpoint
 
     model, _ = load_checkpoint(root / "models" / "x86-sse" / "model.pt")
     with torch.no_grad():
@@ -248,6 +251,19 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     np.testing.assert_allclose(scores, ref, rtol=0, atol=1e-5)
     standard = load_predictor("models:/tcl-kb-x86-sse@candidate", fused=False).predict_features(fs)
     np.testing.assert_allclose(standard, ref, rtol=0, atol=1e-5)
+
+    # editing the training code makes every family's model stale (and its descendants), nothing
+    # upstream of training
+    training = root / "tcl" / "training.py"
+    saved = training.read_text()
+    training.write_text(saved + "\n# edited\n")
+    try:
+        with Repo(str(root)) as repo:
+            stale = {name.split(":")[-1] for name in repo.status()}
+    finally:
+        training.write_text(saved)
+    assert {f"train@{fam}" for fam in FAMILIES} <= stale
+    assert not any(name.startswith(("ingest@", "featurize@", "split@")) for name in stale)
 
 
 def test_family_platforms_checks_the_hardware_registry():

@@ -39,7 +39,8 @@ def test_metaschedule_fixture_steps_carry_sampled_values():
     # SamplePerfectTile's decision and the Split that uses it carry the same tile sizes
     tile = next(s for s in steps if s[0] == "SamplePerfectTile")
     split = next(s for s in steps if s[0] == "Split")
-    assert tile[-4:] == split[1:5]
+    assert tile[-4:] == split[2:6]
+    assert split[1] == 0  # the split loop: the first axis its GetLoops returned
     assert "float32[256,256]" in records[0].task_desc
     assert all(r.latency > 0 for r in records)
 

@@ -30,10 +30,10 @@ def make_checkpoint(path: Path, seed: int, feature_meta: dict | None = None) -> 
     import torch
 
     from tcl.models.checkpoint import save_checkpoint
-    from tcl.models.nets import build_model
+    from tcl.models.nets import build_net
 
     torch.manual_seed(seed)
-    model = build_model("mamba", F, **CONFIG)
+    model = build_net("mamba", F, **CONFIG)
     save_checkpoint(path, model, "mamba", CONFIG, dict(feature_meta or FEATURE_META))
     return path
 

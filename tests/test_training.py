@@ -37,6 +37,16 @@ def make_fs(n_tasks=12, per_task=24, seed=0, platform="synthetic", networks=None
     )
 
 
+def fit(kind, train, valid, config, params, out, **kwargs):
+    """A fresh model of `kind` (initialised from params' seed) trained by train_model."""
+    from tcl.models import new_model
+    from tcl.training import as_list, feature_meta, seed_everything, train_model
+
+    seed_everything(int(params["seed"]))
+    model = new_model(kind, F, config, feature_meta(as_list(train)))
+    return train_model(model, train, valid, params, out, **kwargs)
+
+
 TRAIN = {"seed": 3, "loss": "lambdarank", "lr": 3e-3, "warmup_epochs": 1, "schedule": "cosine",
          "batch_size": 64, "epochs": 3, "patience": 5, "threads": 1}
 MLP = {"hidden": 32, "n_layers": 2}
@@ -50,10 +60,10 @@ def _strip_timing(history):
 @pytest.mark.parametrize("kind,config", [("mlp", MLP),
                                          ("mamba", {"d_model": 8, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2})])
 def test_resume_after_interruption_equals_uninterrupted(tmp_path, kind, config):
-    from tcl.training import STATE_FILE, train_model
+    from tcl.training import STATE_FILE
 
     train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=6)
-    model_a, hist_a = train_model(kind, train, valid, config, TRAIN, tmp_path / "a")
+    model_a, hist_a = fit(kind, train, valid, config, TRAIN, tmp_path / "a")
 
     class Interrupt(Exception):
         pass
@@ -63,14 +73,14 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, kind, config):
             raise Interrupt
 
     with pytest.raises(Interrupt):
-        train_model(kind, train, valid, config, TRAIN, tmp_path / "b", run=crash_after_epoch_1)
+        fit(kind, train, valid, config, TRAIN, tmp_path / "b", run=crash_after_epoch_1)
     assert (tmp_path / "b" / STATE_FILE).exists()
     seen = []
-    model_b, hist_b = train_model(kind, train, valid, config, TRAIN, tmp_path / "b",
+    model_b, hist_b = fit(kind, train, valid, config, TRAIN, tmp_path / "b",
                                   run=lambda e, m: seen.append(e))
     assert seen == [2]  # only the epoch that had not finished ran again
     assert _strip_timing(hist_a) == _strip_timing(hist_b)
-    sa, sb = model_a.state_dict(), model_b.state_dict()
+    sa, sb = model_a.net.state_dict(), model_b.net.state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
         assert np.array_equal(sa[k].numpy(), sb[k].numpy()), k
@@ -78,26 +88,25 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path, kind, config):
 
 def test_training_learns_and_checkpoint_loads(tmp_path):
     from tcl import metrics as M
-    from tcl.training import load_trained, predict_scores, train_model
+    from tcl.models import load_model
 
     train, valid = make_fs(seed=0, n_tasks=20), make_fs(seed=1, n_tasks=8)
     params = {**TRAIN, "epochs": 6}
-    model, history = train_model("mlp", train, valid, MLP, params, tmp_path)
+    model, history = fit("mlp", train, valid, MLP, params, tmp_path)
     assert history[-1]["valid_pairwise"] > 0.8  # the synthetic ranking is learnable
     assert history[-1]["train_loss"] < history[0]["train_loss"]
-    loaded, info = load_trained(tmp_path)
-    assert info["kind"] == "mlp"
-    np.testing.assert_allclose(predict_scores(loaded, valid), predict_scores(model, valid), rtol=1e-6)
+    loaded = load_model(tmp_path)
+    assert loaded.kind == "mlp"
+    np.testing.assert_allclose(loaded.predict_features(valid), model.predict_features(valid), rtol=1e-6)
     best = max(h["valid_top1"] for h in history)
-    assert M.evaluate(predict_scores(loaded, valid), valid)["top1"] == pytest.approx(best)
+    assert M.evaluate(loaded.predict_features(valid), valid)["top1"] == pytest.approx(best)
 
 
 def test_early_stopping_on_validation_top1(tmp_path):
-    from tcl.training import train_model
 
     # lr 0: the model never changes, so validation top-1 never improves after the first epoch
     params = {**TRAIN, "lr": 0.0, "epochs": 10, "patience": 2}
-    _, history = train_model("mlp", make_fs(seed=0), make_fs(seed=1, n_tasks=4), MLP, params, tmp_path)
+    _, history = fit("mlp", make_fs(seed=0), make_fs(seed=1, n_tasks=4), MLP, params, tmp_path)
     assert [h["epoch"] for h in history] == [0, 1, 2]
     assert all(h["best_epoch"] == 0 for h in history)
 
@@ -118,20 +127,18 @@ def test_batches_never_mix_platforms_and_cover_each_row_once():
 
 
 def test_non_finite_features_are_refused(tmp_path):
-    from tcl.training import train_model
 
     fs = make_fs(seed=0)
     fs.x[5, 0, 2] = np.nan
     with pytest.raises(ValueError, match=r"1 of 288 programs .* columns \[2\]"):
-        train_model("mlp", fs, None, MLP, TRAIN, tmp_path)
+        fit("mlp", fs, None, MLP, TRAIN, tmp_path)
 
 
 def test_training_on_two_platforms_reports_each(tmp_path):
-    from tcl.training import train_model
 
     train = [make_fs(seed=0, platform="p1"), make_fs(seed=2, n_tasks=8, platform="p2")]
     valid = [make_fs(seed=1, n_tasks=4, platform="p1"), make_fs(seed=3, n_tasks=4, platform="p2")]
-    _, history = train_model("mlp", train, valid, MLP, {**TRAIN, "epochs": 1}, tmp_path)
+    _, history = fit("mlp", train, valid, MLP, {**TRAIN, "epochs": 1}, tmp_path)
     h = history[0]
     assert h["valid_top1"] == pytest.approx((h["valid_p1_top1"] + h["valid_p2_top1"]) / 2)
     assert h["train_samples_per_s"] > 0
@@ -150,22 +157,22 @@ def test_lr_schedule():
 
 
 def test_xgb_save_load_round_trip(tmp_path):
-    from tcl.models.xgb import XGBCostModel
-    from tcl.training import load_trained, predict_scores, train_model
+    from tcl.models import load_model
+    from tcl.models.xgb import XGBModel
 
     train, valid = make_fs(seed=0), make_fs(seed=1, n_tasks=6)
-    model, history = train_model("xgb", train, valid, {"n_estimators": 20, "max_depth": 4, "eta": 0.3},
-                                 TRAIN, tmp_path)
+    model, history = fit("xgb", train, valid, {"n_estimators": 20, "max_depth": 4, "eta": 0.3},
+                         TRAIN, tmp_path)
     path = tmp_path / "model.json"
     doc = json.loads(path.read_text())  # XGBoost's JSON format, no pickle
     assert "learner" in doc
-    loaded = XGBCostModel.load(path)
+    loaded = XGBModel.load(path)
     assert loaded.config["max_depth"] == 4 and loaded.feature_meta["feature_version"] == "test-1"
-    np.testing.assert_array_equal(loaded.predict(valid), model.predict(valid))
-    again, info = load_trained(tmp_path)
-    assert info["kind"] == "xgb"
+    np.testing.assert_array_equal(loaded.predict_features(valid), model.predict_features(valid))
+    again = load_model(tmp_path)
+    assert again.kind == "xgb"
     assert history[-1]["valid_pairwise"] > 0.7
-    np.testing.assert_array_equal(predict_scores(again, valid), model.predict(valid))
+    np.testing.assert_array_equal(again.predict_features(valid), model.predict_features(valid))
 
 
 def test_cli_train_logs_mlflow_run_and_evaluate_json(tmp_path, monkeypatch):
@@ -271,7 +278,7 @@ def test_evaluate_resolves_registered_model_uri(tmp_path, monkeypatch):
 
 
 def test_bench_train_times_each_model():
-    from tcl.bench_train import bench_train, format_table
+    from tcl.bench.train import bench_train, format_table
 
     rows = bench_train(["mlp", "xgb"], n_samples=128, n_features=F,
                        params={"models": {"mlp": MLP, "xgb": {"n_estimators": 4, "max_depth": 3}},
@@ -288,15 +295,38 @@ def test_cli_train_presets_file_supplies_the_mamba_config(tmp_path, monkeypatch)
     from click.testing import CliRunner
 
     from tcl.cli import main
-    from tcl.training import load_trained
+    from tcl.models import load_model
 
     tiny = {"d_model": 8, "n_layers": 1, "d_state": 2, "expand": 1, "d_conv": 2}
     presets = tmp_path / "study.yaml"
     presets.write_text(yaml.safe_dump({"models": {"mamba": {"tiny": tiny}}}))
     params = {"train": {**TRAIN, "epochs": 1}}
     _train_cli(tmp_path, monkeypatch, "mamba", params, ["--presets", str(presets), "--preset", "tiny"])
-    model, info = load_trained(tmp_path / "out")
-    assert info["config"]["d_model"] == 8 and info["config"]["d_conv"] == 2
+    model = load_model(tmp_path / "out")
+    assert model.config["d_model"] == 8 and model.config["d_conv"] == 2
     res = CliRunner().invoke(main, ["train", "--model", "mamba", "--presets", str(presets), "--preset", "nope",
                                     "--data", str(tmp_path / "train.npz"), "--out", str(tmp_path / "o2")])
     assert res.exit_code != 0 and "nope" in res.output
+
+
+def test_cli_train_init_starts_from_a_saved_model(tmp_path, monkeypatch):
+    """`tcl train --init DIR` warm-starts from DIR's model: with lr 0 nothing moves, so the new
+    run keeps exactly the given model; a model of another kind is refused by name."""
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.models import load_model
+
+    first = _train_cli(tmp_path, monkeypatch, "mlp", {"models": {"mlp": MLP}, "train": {**TRAIN, "epochs": 1}})
+    args = ["train", "--data", str(tmp_path / "train.npz"), "--valid", str(tmp_path / "valid.npz"),
+            "--params", str(tmp_path / "params.yaml"), "--init", str(tmp_path / "out"), "--json"]
+    res = CliRunner().invoke(main, args + ["--model", "mlp", "--out", str(tmp_path / "warm"),
+                                           "--train-set", "lr=0"])
+    assert res.exit_code == 0, res.output
+    warm = json.loads(res.output.strip().splitlines()[-1])
+    assert warm["best_valid_top1"] == pytest.approx(first["best_valid_top1"])
+    valid = FeatureSet.load(tmp_path / "valid.npz")
+    np.testing.assert_array_equal(load_model(tmp_path / "warm").predict_features(valid),
+                                  load_model(tmp_path / "out").predict_features(valid))
+    res = CliRunner().invoke(main, args + ["--model", "tlp", "--out", str(tmp_path / "other")])
+    assert res.exit_code != 0 and "is a mlp model, not tlp" in res.output

@@ -10,10 +10,12 @@ import click
 
 
 def _load_params(path: str) -> dict:
-    import yaml
+    from ..config import ParamsError, load_params
 
-    with open(path) as f:
-        return yaml.safe_load(f)
+    try:
+        return load_params(path)
+    except ParamsError as exc:
+        _fail(str(exc), 1)
 
 
 def _fail(message: str, code: int = 2):
@@ -29,22 +31,92 @@ def hardware() -> None:
 @hardware.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def hardware_list(as_json: bool) -> None:
-    from ..hardware import PLATFORMS, REGISTRY_VERSION
+    """Platforms of the packaged registry and of the project's own (`defined_in` says which)."""
+    from ..hardware import PACKAGED, HardwareRegistryError, load_registry
 
+    try:
+        reg = load_registry()
+    except HardwareRegistryError as exc:
+        _fail(str(exc), 1)
     rows = [
         {"platform": p.name, "family": p.family, "vendor": p.vendor, "architecture": p.architecture,
          "isa": p.isa, "cpu": p.cpu, "cores": p.cores, "compute_capability": p.compute_capability,
-         "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted}
-        for p in PLATFORMS.values()
+         "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted,
+         "defined_in": p.defined_in}
+        for p in reg.platforms.values()
     ]
     if as_json:
-        click.echo(json.dumps({"version": REGISTRY_VERSION, "platforms": rows}))
+        families = [{"family": f.name, "vendor": f.vendor, "architecture": f.architecture, "isa": f.isa,
+                     "defined_in": f.defined_in} for f in reg.families.values()]
+        click.echo(json.dumps({"version": reg.version, "user_registry": str(reg.user_path),
+                               "families": families, "platforms": rows}))
         return
-    click.echo(f"hardware registry v{REGISTRY_VERSION}")
-    click.echo(f"{'platform':18} {'family':24} {'isa':36} {'cores':>5}  source")
+    n_user = sum(r["defined_in"] != PACKAGED for r in rows)
+    state = f"{n_user} platform(s)" if reg.user_path.is_file() else "none yet"
+    click.echo(f"hardware registry v{reg.version}; user registry {reg.user_path} ({state})")
+    click.echo(f"{'platform':18} {'family':24} {'isa':36} {'cores':>5}  {'source':12} defined in")
     for r in rows:
         cores = r["cores"] if r["cores"] is not None else "-"
-        click.echo(f"{r['platform']:18} {r['family']:24} {r['isa'][:36]:36} {cores!s:>5}  {r['source']}")
+        where = "package" if r["defined_in"] == PACKAGED else "user"
+        click.echo(f"{r['platform']:18} {r['family']:24} {r['isa'][:36]:36} {cores!s:>5}  "
+                   f"{r['source']:12} {where}")
+
+
+@hardware.command("add")
+@click.argument("name")
+@click.option("--family", required=True, help="Family from `tcl hardware list` (or `add-family` first).")
+@click.option("--target", "target_json", default=None,
+              help='TVM target JSON, e.g. \'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\' '
+                   "(makes the platform measurable by `tcl collect`).")
+@click.option("--threads", type=int, default=None, help="TVM_NUM_THREADS when measuring.")
+@click.option("--cpu", default="", help="What the hardware is, in words.")
+@click.option("--cores", type=int, default=None)
+@click.option("--restricted", default="", help="What differs from the full machine (ISA, threads).")
+def hardware_add(name, family, target_json, threads, cpu, cores, restricted) -> None:
+    """Add platform NAME to the project's user registry (see `tcl hardware list` for its path)."""
+    from ..hardware import HardwareRegistryError, add_platform, check_target
+
+    try:
+        target = None if target_json is None else check_target(target_json, "--target")
+        if target is not None:
+            _check_target_with_tvm(target)
+        p = add_platform(name, family, target=target, threads=threads, cpu=cpu, cores=cores,
+                         restricted=restricted)
+    except HardwareRegistryError as exc:
+        _fail(str(exc))
+    click.echo(f"added platform {p.name} (family {p.family}{', measurable' if p.measurable else ''}) "
+               f"to {p.defined_in}")
+
+
+def _check_target_with_tvm(target: dict) -> None:
+    """TVM's own parse of the target, when TVM is installed (an unknown kind or option fails)."""
+    from ..hardware import HardwareRegistryError
+
+    try:
+        import tvm
+    except ImportError:
+        return
+    try:
+        tvm.target.Target(target)
+    except Exception as exc:  # noqa: BLE001 - TVM reports a bad target with several kinds
+        raise HardwareRegistryError(f"--target: TVM refuses {json.dumps(target)}: "
+                                    f"{str(exc).splitlines()[0]}") from None
+
+
+@hardware.command("add-family")
+@click.argument("name")
+@click.option("--vendor", required=True)
+@click.option("--architecture", required=True)
+@click.option("--isa", required=True, help="Instruction set the code is generated for.")
+def hardware_add_family(name, vendor, architecture, isa) -> None:
+    """Add hardware family NAME to the project's user registry."""
+    from ..hardware import HardwareRegistryError, add_family
+
+    try:
+        f = add_family(name, vendor, architecture, isa)
+    except HardwareRegistryError as exc:
+        _fail(str(exc))
+    click.echo(f"added family {f.name} to {f.defined_in}")
 
 
 def _settings(measure: dict | None):
@@ -88,7 +160,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
 
     try:
         platform = get_platform(platform_name)
-    except KeyError as exc:
+    except (KeyError, ValueError) as exc:
         _fail(exc.args[0])
     if not workload and not network:
         _fail("give --workload NAME or --network NAME")
@@ -131,10 +203,21 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     from ..hardware import get_platform
 
     params = _load_params(params_path)
-    spec = params["dataset"]
+    spec = params.get("dataset")
+    if not isinstance(spec, dict) or "platforms" not in params or \
+            any(k not in spec for k in ("tasks", "programs_per_task", "out")):
+        _fail(f"{params_path}: collect needs `platforms` and `dataset.tasks`, "
+              "`dataset.programs_per_task`, `dataset.out`", 1)
+    task_names, platform_names = spec["tasks"], params["platforms"]
     all_tasks = network_tasks()
-    tasks = [all_tasks[name] for name in spec["tasks"]][:max_tasks]
-    platforms = [get_platform(name) for name in params["platforms"]]
+    unknown = [name for name in task_names if name not in all_tasks]
+    if unknown:
+        _fail(f"{params_path}: unknown task(s) {', '.join(unknown)} in dataset.tasks", 1)
+    tasks = [all_tasks[name] for name in task_names][:max_tasks]
+    try:
+        platforms = [get_platform(name) for name in platform_names]
+    except (KeyError, ValueError) as exc:
+        _fail(f"{params_path}: {exc.args[0]}", 1)
     summary = run_collect(platforms, tasks, spec["programs_per_task"], spec["out"],
                           settings=_settings(spec.get("measure")), seed=spec.get("seed", 0))
     click.echo(json.dumps(summary, indent=2))
@@ -199,7 +282,8 @@ def featurize(records, out, max_len, database, workers, cache_dir, progress, as_
     click.echo(f"{records}: {len(fs)} programs, {len(fs.tasks)} tasks, features {tuple(fs.x.shape)} "
                f"({fs.meta['feature_version']}) -> {out}", err=as_json)
     if database:
-        from ..perstore import extract_perstore, perstore_path
+        from ..perstore import perstore_path
+        from ..perstore_extract import extract_perstore
 
         start = time.perf_counter()
         try:
@@ -231,27 +315,31 @@ def featurize(records, out, max_len, database, workers, cache_dir, progress, as_
 @click.option("--json", "as_json", is_flag=True)
 def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
     """Split a feature set into train/valid/test, holding out whole networks for test."""
-    from ..features import FeatureSet
-    from ..perstore import PerStoreSet, perstore_path
+    from ..features import load_feature_set
+    from ..perstore import load_perstore_set, perstore_path
     from ..split import split_by_network
 
-    fs = FeatureSet.load(features)
     networks = [n for n in test_networks.split(",") if n]
-    parts = split_by_network(fs, networks, valid_fraction, seed)
+    per_store = perstore_path(features)
+    try:
+        fs = load_feature_set(features)
+        parts = split_by_network(fs, networks, valid_fraction, seed)
+        # the per-store features beside it are split alike: the same tasks, hence the same programs
+        ps = load_perstore_set(per_store) if per_store.is_file() else None
+        ps_parts = split_by_network(ps, networks, valid_fraction, seed) if ps is not None else {}
+    except ValueError as exc:
+        _fail(str(exc) if str(exc).startswith((features, str(per_store))) else f"{features}: {exc}", 1)
+    if ps is not None and (list(ps.program_id) != list(fs.program_id) or ps.tasks != fs.tasks):
+        _fail(f"{per_store}: its programs are not those of {features}; featurize again", 1)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     summary = {}
     for name, part in parts.items():
         part.save(Path(out_dir) / f"{name}.npz")
+        if name in ps_parts:
+            ps_parts[name].save(perstore_path(Path(out_dir) / f"{name}.npz"))
+        else:  # one left by an earlier split would describe other programs
+            perstore_path(Path(out_dir) / f"{name}.npz").unlink(missing_ok=True)
         summary[name] = {"programs": len(part), "tasks": len(part.tasks), "networks": part.networks()}
-    per_store = perstore_path(features)
-    if per_store.is_file():  # split the same way: the same tasks, hence the same programs, per part
-        ps = PerStoreSet.load(per_store)
-        if list(ps.program_id) != list(fs.program_id):
-            _fail(f"{per_store}: its programs are not those of {features}; featurize again", 1)
-        for name, part in split_by_network(ps, networks, valid_fraction, seed).items():
-            if list(part.program_id) != list(parts[name].program_id):
-                _fail(f"{per_store}: the {name} split differs from the step features'", 1)
-            part.save(perstore_path(Path(out_dir) / f"{name}.npz"))
     click.echo(json.dumps(summary) if as_json else
                "\n".join(f"{k}: {v['programs']} programs, {v['tasks']} tasks" for k, v in summary.items()))
 
@@ -264,7 +352,33 @@ def dataset_pack(params_path: str, out: str) -> None:
     from ..collect.pack import pack
 
     params = _load_params(params_path)
-    summary = pack(params["dataset"]["out"], params["platforms"], out)
+    try:
+        work, platforms = params["dataset"]["out"], params["platforms"]
+    except (KeyError, TypeError):
+        _fail(f"{params_path}: pack needs `dataset.out` and `platforms`", 1)
+    try:
+        summary = pack(work, platforms, out)
+    except (OSError, ValueError) as exc:
+        _fail(f"pack failed, {out} left as it was: {exc}", 1)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@dataset.command("snapshot")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--out", default="data/collecting", show_default=True)
+def dataset_snapshot(params_path: str, out: str) -> None:
+    """Save every record of the working databases (matched or not), gzip, to resume later."""
+    from ..collect.pack import pack
+
+    params = _load_params(params_path)
+    try:
+        work, platforms = params["dataset"]["out"], params["platforms"]
+    except (KeyError, TypeError):
+        _fail(f"{params_path}: snapshot needs `dataset.out` and `platforms`", 1)
+    try:
+        summary = pack(work, platforms, out, matched_only=False)
+    except (OSError, ValueError) as exc:
+        _fail(f"snapshot failed, {out} left as it was: {exc}", 1)
     click.echo(json.dumps(summary, indent=2))
 
 
@@ -290,15 +404,21 @@ def dataset_unpack(params_path: str, raw_root: str, force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False),
               help="Also write the JSON there (e.g. data/stats/stats.json).")
-def dataset_stats(raw_root: str, as_json: bool, out: str | None) -> None:
-    """Counts per platform and cross-platform rank agreement on matched programs."""
-    from ..collect.stats import dataset_stats as compute, format_stats
+@click.option("--noise", "noise_glob", default="data/stats/noise-*.json", show_default=True,
+              help="Re-measure noise reports (`tcl dataset noise --out`) to show per platform (glob).")
+def dataset_stats(raw_root: str, as_json: bool, out: str | None, noise_glob: str) -> None:
+    """Counts per platform, re-measure noise and cross-platform rank agreement on matched programs."""
+    import glob
+
+    from ..collect.stats import dataset_stats as compute, format_stats, noise_summary
     from ..io import atomic_write_json
 
     try:
         stats = compute(raw_root)
+        reports = [json.loads(Path(p).read_text()) for p in sorted(glob.glob(noise_glob))]
     except (FileNotFoundError, KeyError) as exc:
         _fail(exc.args[0] if exc.args else str(exc), 1)
+    stats["noise"] = {p: n for p, n in noise_summary(reports).items() if p in stats["platforms"]}
     if out:
         atomic_write_json(out, stats)
     click.echo(json.dumps(stats, indent=1) if as_json else format_stats(stats))

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-RUN_FILE = "mlflow_run.json"  # written by `tcl train` beside the checkpoint
+from ..experiments import RUN_FILE  # written by `tcl train` beside the checkpoint
+
 
 
 def _registry_errors(fn):
@@ -220,7 +221,7 @@ def models_show(family, version):
 def models_bench(checkpoint, batch_sizes, seconds, threads, no_sweep, as_json):
     """Serving throughput: onnxruntime vs PyTorch, FLOPs/prediction, matmul GFLOP/s."""
     from tcl import registry
-    from tcl.serving import bench_serving, format_bench
+    from tcl.bench.serving import bench_serving, format_bench
 
     sizes = tuple(int(s) for s in batch_sizes.split(",") if s.strip())
     res = bench_serving(sizes, checkpoint=checkpoint, seconds=seconds, threads=threads,
@@ -249,10 +250,13 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
     """
     import numpy as np
 
-    from tcl.features import FeatureSet
+    from tcl.features import FeatureFileError, load_feature_set
     from tcl.serving import load_predictor
 
-    fs = FeatureSet.load(features)
+    try:
+        fs = load_feature_set(features)
+    except FeatureFileError as exc:
+        raise click.ClickException(str(exc)) from None
     pred = load_predictor(model_ref, chunk=chunk, fused=fused)
     scores = pred.predict_features(fs, family=family)
     if out:

@@ -3,8 +3,9 @@
 A program is shipped only when every platform holds a record of it (success or failure), so an
 interrupted collection still ships a consistent, matched dataset. Output per platform:
 `database_workload.json.gz`, `database_tuning_record.json.gz` (MetaSchedule format, workload
-indices renumbered), `tasks.json`, `collect.json`. Each platform is written to a new folder that
-then replaces the old one, so a crash mid-pack leaves the previous bundle whole.
+indices renumbered), `tasks.json`, `collect.json`. Every platform is first written to a new folder;
+only when all are written does each replace its old one, so a failed pack leaves the previous
+bundle whole.
 
 `unpack` is the way back: it restores working databases from the bundle, so a collection can be
 resumed (or extended with new tasks or platforms) from a fresh clone without re-measuring.
@@ -37,34 +38,48 @@ def _read_db(db_dir: Path):
     return {w[0]: w for w in workloads}, records
 
 
-def pack(work_root: str, platforms: list[str], out_root: str) -> dict:
+def pack(work_root: str, platforms: list[str], out_root: str, matched_only: bool = True) -> dict:
+    """Write the bundle of `platforms` under `out_root`; all platforms are staged before any
+    replaces its old folder, so a failure (a missing file, a full disk) changes nothing.
+
+    `matched_only=False` keeps every record of each platform instead: a snapshot of a collection
+    in progress (`tcl dataset snapshot`), committed so that an interrupted collection loses nothing
+    and a later session resumes from it with `tcl dataset unpack --raw SNAPSHOT`.
+    """
     work_root, out_root = Path(work_root), Path(out_root)
     dbs = {p: _read_db(work_root / p) for p in platforms}
-    keys = [{(s, pid) for s, pid, _ in dbs[p][1]} for p in platforms]
-    matched = set.intersection(*keys) if keys else set()
+    keys = {p: {(s, pid) for s, pid, _ in dbs[p][1]} for p in platforms}
+    common = set.intersection(*keys.values()) if keys else set()
+    staged = {p: out_root / f".{p}.packing" for p in platforms}
     summary = {}
+    try:
+        for p in platforms:
+            matched = common if matched_only else keys[p]
+            kept_shash = sorted({s for s, _ in matched})
+            index = {s: i for i, s in enumerate(kept_shash)}
+            workloads, records = dbs[p]
+            out = staged[p]
+            shutil.rmtree(out, ignore_errors=True)  # left by a crashed pack
+            out.mkdir(parents=True)
+            _write_gz(out / "database_workload.json.gz", [orjson.dumps(workloads[s]) for s in kept_shash])
+            seen = set()
+            lines = []
+            for s, pid, body in records:
+                if (s, pid) in matched and (s, pid) not in seen:
+                    seen.add((s, pid))
+                    lines.append(orjson.dumps([index[s], body]))
+            _write_gz(out / "database_tuning_record.json.gz", lines)
+            tasks = json.loads((work_root / p / "tasks.json").read_text())
+            with atomic_path(out / "tasks.json") as tmp:
+                tmp.write_text(json.dumps({s: tasks[s] for s in kept_shash if s in tasks}, indent=1, sort_keys=True))
+            shutil.copyfile(work_root / p / "collect.json", out / "collect.json")
+            summary[p] = {"tasks": len(kept_shash), "records": len(lines)}
+    except BaseException:
+        for out in staged.values():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     for p in platforms:
-        workloads, records = dbs[p]
-        kept_shash = sorted({s for s, _ in matched})
-        index = {s: i for i, s in enumerate(kept_shash)}
-        final = out_root / p
-        out = out_root / f".{p}.packing"
-        shutil.rmtree(out, ignore_errors=True)  # left by a crashed pack
-        out.mkdir(parents=True)
-        _write_gz(out / "database_workload.json.gz", [orjson.dumps(workloads[s]) for s in kept_shash])
-        seen = set()
-        lines = []
-        for s, pid, body in records:
-            if (s, pid) in matched and (s, pid) not in seen:
-                seen.add((s, pid))
-                lines.append(orjson.dumps([index[s], body]))
-        _write_gz(out / "database_tuning_record.json.gz", lines)
-        tasks = json.loads((work_root / p / "tasks.json").read_text())
-        with atomic_path(out / "tasks.json") as tmp:
-            tmp.write_text(json.dumps({s: tasks[s] for s in kept_shash if s in tasks}, indent=1, sort_keys=True))
-        shutil.copyfile(work_root / p / "collect.json", out / "collect.json")
-        _replace_dir(out, final)
-        summary[p] = {"tasks": len(kept_shash), "records": len(lines)}
+        _replace_dir(staged[p], out_root / p)
     return summary
 
 

@@ -290,17 +290,29 @@ def dataset_stats(raw_root: str | Path, platforms: list[str] | None = None) -> d
     }
 
 
+def noise_summary(reports: list[dict]) -> dict:
+    """platform -> re-measure noise (`tcl dataset noise` reports): median and p90 of |new-old|/old."""
+    out = {}
+    for r in sorted(reports, key=lambda r: r.get("measured_at", "")):  # the latest report wins
+        pct = r.get("percentiles_rel_diff") or {}
+        out[r["platform"]] = {"median": r.get("median_rel_diff"), "p90": pct.get("p90"),
+                              "programs": r.get("measured"), "measured_at": r.get("measured_at")}
+    return out
+
+
 def format_stats(s: dict) -> str:
     """A readable summary of `dataset_stats`."""
     lines = [f"{s['raw']}: {len(s['platforms'])} platforms, {s['totals']['tasks']} tasks, "
              f"{s['totals']['records']} records ({s['totals']['failed']} failed)", ""]
     lines.append(f"{'platform':18} {'family':16} {'records':>7} {'valid':>6} {'failed':>6} {'fail%':>6} "
-                 f"{'tasks':>5} {'prog/task min/med':>17} {'latency range (s)':>22}")
+                 f"{'tasks':>5} {'prog/task min/med':>17} {'latency range (s)':>22} {'noise med/p90':>14}")
     for p, x in s["per_platform"].items():
         ppt = f"{x['programs_per_task']['min']}/{x['programs_per_task']['median']:g}"
         lat = f"{x['latency_s']['min']:.3g} .. {x['latency_s']['max']:.3g}" if x["valid"] else "-"
+        n = (s.get("noise") or {}).get(p)
+        noise = f"{n['median']:.1%}/{n['p90']:.1%}" if n and n["median"] is not None else "-"
         lines.append(f"{p:18} {x['family'][:16]:16} {x['records']:>7} {x['valid']:>6} {x['failed']:>6} "
-                     f"{100 * (x['failure_rate'] or 0):>5.1f}% {x['tasks']:>5} {ppt:>17} {lat:>22}")
+                     f"{100 * (x['failure_rate'] or 0):>5.1f}% {x['tasks']:>5} {ppt:>17} {lat:>22} {noise:>14}")
     lines += ["", f"{'pair (matched valid programs)':40} {'tasks':>5} {'med rho':>7} {'best chg':>8} "
                   f"{'rank A*@B':>9} {'rank B*@A':>9} {'slow A*@B':>9}"]
     for x in s["pairs"]:
@@ -310,6 +322,8 @@ def format_stats(s: dict) -> str:
                      f"{x['mean_rank_a_best_on_b'] or 0:>9.2f} {x['mean_rank_b_best_on_a'] or 0:>9.2f} "
                      f"{x['geomean_slowdown_a_best_on_b'] or 0:>9.3f}")
     f = s["families"]
+    if s.get("noise"):
+        lines += ["", "noise: |new - old| / old of re-measured programs (`tcl dataset noise`), median / p90"]
     lines += ["", f"median Spearman within a family: {f['median_spearman_within']} ({f['pairs_within']} pairs); "
                   f"across families: {f['median_spearman_across']} ({f['pairs_across']} pairs)"]
     return "\n".join(lines)

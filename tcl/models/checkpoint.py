@@ -8,8 +8,8 @@ A checkpoint file holds a dict of
   keyword arguments), ``feature_meta`` (featurizer version, max_len, n_features, vocab, ...),
   ``extra`` (anything JSON-able the caller adds: epoch, metrics, run id), ``torch_version``.
 
-Nothing is pickled: ``load_checkpoint`` rebuilds the model with ``build_model`` and loads the
-tensors strictly.  Writes are atomic (temp file + rename, ``tcl.io.atomic_path``).
+Nothing is pickled: ``read_checkpoint`` returns the tensors and the info; the net is rebuilt
+from them by ``tcl.models.nets.load_checkpoint`` (tensors loaded strictly).  Writes are atomic (temp file + rename, ``tcl.io.atomic_path``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tcl.io import atomic_path
 FORMAT = "tcl-checkpoint"
 FORMAT_VERSION = 1
 
-__all__ = ["save_checkpoint", "load_checkpoint", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "read_checkpoint", "FORMAT", "FORMAT_VERSION"]
 
 
 def _jsonable(obj: Any) -> Any:
@@ -53,7 +53,7 @@ def _jsonable(obj: Any) -> Any:
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, kind: str, config: dict,
                     feature_meta: dict, extra: dict | None = None) -> Path:
-    """Write `model` (built by ``build_model(kind, n_features, **config)``) to `path` atomically."""
+    """Write `model` (a net built by ``build_net(kind, n_features, **config)``) to `path` atomically."""
     n_features = getattr(model, "n_features", None)
     if n_features is None:
         n_features = (feature_meta or {}).get("n_features")
@@ -80,15 +80,16 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, kind: str, config
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
-                    ) -> tuple[nn.Module, dict]:
-    """(model in eval mode, info) from a checkpoint written by ``save_checkpoint``.
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> tuple[dict, dict]:
+    """(state_dict, info) of a checkpoint written by ``save_checkpoint``.
 
     info: kind, n_features, config, feature_meta, extra, torch_version, format_version.
     """
-    from tcl.models.nets import build_model
-
-    payload = torch.load(Path(path), map_location=map_location, weights_only=True)
+    try:
+        payload = torch.load(Path(path), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a zip/pickle error says little; name the file
+        raise ValueError(f"{path}: not a readable {FORMAT} file ({type(exc).__name__}: {exc})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file")
     version = int(payload.get("format_version", 0))
@@ -96,7 +97,4 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise ValueError(f"{path}: checkpoint format {version} is newer than this tcl ({FORMAT_VERSION})")
     info = json.loads(payload["info_json"])
     info["format_version"] = version
-    model = build_model(info["kind"], int(info["n_features"]), **info["config"])
-    model.load_state_dict(payload["state_dict"], strict=True)
-    model.eval()
-    return model, info
+    return payload["state_dict"], info

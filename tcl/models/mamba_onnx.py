@@ -2,7 +2,7 @@
 
 The unrolled export form (``scan_unrolled_tm``) pads every input to the traced length, so a batch
 of 30-step programs pays for 48 steps. Here the export traces a placeholder node
-(``tcl.models.mamba.selective_scan_placeholder``)
+(``tcl.models.onnx_placeholders.selective_scan_placeholder``)
 
     tcl.SelectiveScan(u, delta, A, B, C, D, z, delta_bias; delta_softplus=1)  ->  y   (time-major)
 
@@ -24,7 +24,7 @@ those nodes back: onnxruntime then runs each as one CPU operator from TCL's own 
 (``tcl/csrc/ortops.cc``, built at install; :func:`fused_library`), a single pass per row
 instead of a dozen small ops per step.
 
-No torch here: the server (``tcl.serving``) fuses graphs without importing it.
+No torch here: the server (``tcl.serving`` via ``tcl.runtime``) fuses graphs without importing it.
 """
 
 from __future__ import annotations

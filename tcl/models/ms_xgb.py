@@ -1,9 +1,10 @@
-"""MetaSchedule's XGBoost cost model (`XGBModel` of `tvm.s_tir.meta_schedule`) on per-store features.
+"""MetaSchedule's XGBoost cost model (`XGBModel` of `tvm.s_tir.meta_schedule`) on per-store
+features: kind ``xgb-ms``.
 
 The library's class does the learning, driven offline: `XGBModel._train(xs, ys)` and
 `XGBModel._predict(xs)` take per-program feature arrays directly (its public `update`/`predict`
-would re-extract them from schedules, which `tcl.perstore` already did). So everything that
-makes it MetaSchedule's model is MetaSchedule's code:
+would re-extract them from schedules, which `tcl.perstore_extract` already did). So everything
+that makes it MetaSchedule's model is MetaSchedule's code:
 
 * features: the rows of `PerStoreFeature()`, its default extractor (no workload part): the
   first 164 columns of a `PerStoreSet` (`workload_features: true` adds the other 8);
@@ -15,22 +16,28 @@ makes it MetaSchedule's model is MetaSchedule's code:
 
 The labels are TCL's y = min latency in the task / latency, which is XGBModel's
 `min_cost / cost` per workload (it takes the median of the repeats; the records keep the mean).
-Validation sets are only evaluated (MetaSchedule trains without one). What differs is
-persistence: `XGBModel.save` tars a pickled object array of its training data; this saves the
-booster alone as XGBoost JSON, kind and config inside as attributes (no pickle).
+`fit` retrains from scratch on the sets it is given, as `XGBModel.update` retrains on all data
+it has seen; validation sets are only evaluated (MetaSchedule trains without one). What differs
+is persistence: `XGBModel.save` tars a pickled object array of its training data; this saves
+the booster alone as XGBoost JSON (``tcl.models.xgb.save_booster``, no pickle).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
 
+from tcl.models.base import PerStoreCostModel
+from tcl.models.xgb import load_booster, save_booster
+from tcl.perstore import N_FEATURES, flat_stores
+
 KIND = "xgb-ms"
+MODEL_FILE = "model.json"
 DEFAULT_CONFIG = {"workload_features": False}  # + any XGBConfig field (max_depth, eta, ...) to override
+CHUNK = 4096  # programs gathered from the padded inputs at a time
 
 
 def _library_model(config: dict, n_threads: int, seed: int):
@@ -42,100 +49,88 @@ def _library_model(config: dict, n_threads: int, seed: int):
     return XGBModel(config=xgb_config, **{k: config[k] for k in ("early_stopping_rounds",) if k in config})
 
 
-@dataclass
-class MSXGBCostModel:
-    config: dict = field(default_factory=lambda: dict(DEFAULT_CONFIG))
-    feature_meta: dict = field(default_factory=dict)
-    booster: object = None
-    n_threads: int = 2
+class MSXGBModel(PerStoreCostModel):
+    """MetaSchedule's XGBModel (pack-sum over a program's stores) behind the CostModel interface."""
 
     kind = KIND
+    file_suffix = ".json"
+    warm_start = False
 
-    def _columns(self, ps) -> int:
-        n = int(ps.meta.get("n_store_features", 164))
-        return int(ps.stores.shape[1]) if {**DEFAULT_CONFIG, **self.config}["workload_features"] else n
+    def __init__(self, n_features: int = N_FEATURES, config: dict | None = None,
+                 feature_meta: dict | None = None, booster=None, n_threads: int = 2):
+        super().__init__(n_features or N_FEATURES, {**DEFAULT_CONFIG, **(config or {})}, feature_meta)
+        self.booster = booster
+        self.n_threads = int(n_threads)
 
-    def _programs(self, ps) -> list[np.ndarray]:
-        cols = self._columns(ps)
-        return [ps.stores[a:b, :cols] for a, b in zip(ps.offsets[:-1], ps.offsets[1:])]
+    def _programs(self, x, mask) -> list[np.ndarray]:
+        """Padded (B, S, F) + mask -> each program's (stores, n_columns) rows."""
+        counts, rows = flat_stores(x, mask)
+        return np.split(rows[:, :self.n_columns], np.cumsum(counts)[:-1])
 
-    def fit(self, train_sets, seed: int = 0) -> int:
-        """Train on PerStoreSets (one per platform); returns the number of boosting rounds."""
+    # -- training -------------------------------------------------------------------------------
+    def fit(self, train_sets, valid_sets, train_params, out_dir, run=None, progress=None,
+            resume=True, trainable=None, extra_losses=None) -> list[dict]:
+        """MetaSchedule's training on every program with stores and a finite label; one history
+        record (the rounds boosted, seconds, validation metrics). Of `train_params` only seed
+        and threads apply."""
+        from tcl.training import DEFAULT_TRAIN, emit_metrics, feature_meta, validate, write_history
+
+        if trainable is not None or extra_losses:
+            raise ValueError(f"{self.kind} models take no parameter filter or extra loss terms")
+        p = {**DEFAULT_TRAIN, **(train_params or {})}
+        self.n_threads = int(p["threads"])
+        self.feature_meta = {**self.feature_meta, **feature_meta(train_sets)}
         xs, ys = [], []
-        for ps in train_sets:
-            for x, y in zip(self._programs(ps), np.asarray(ps.y, np.float32)):
-                if len(x) and np.isfinite(y):  # XGBModel.update drops programs without features too
-                    xs.append(x)
-                    ys.append(y)
+        for fs in train_sets:
+            x, mask = self.inputs(fs)
+            y = np.asarray(fs.y, np.float32)
+            for a in range(0, len(fs), CHUNK):
+                for program, label in zip(self._programs(x[a:a + CHUNK], mask[a:a + CHUNK]), y[a:a + CHUNK]):
+                    if len(program) and np.isfinite(label):  # XGBModel.update drops programs without features too
+                        xs.append(program)
+                        ys.append(label)
         if not xs:
             raise ValueError("no program with per-store features to train on")
-        model = _library_model(self.config, self.n_threads, seed)
-        model._train(xs=xs, ys=np.asarray(ys, np.float32))
-        self.booster = model.booster
-        return int(self.booster.num_boosted_rounds())
 
-    def predict(self, ps) -> np.ndarray:
-        """Scores (higher = faster) of every program of a PerStoreSet; -inf for one without stores."""
+        start = time.perf_counter()
+        library = _library_model(self.config, self.n_threads, int(p["seed"]))
+        library._train(xs=xs, ys=np.asarray(ys, np.float32))
+        self.booster = library.booster
+        seconds = time.perf_counter() - start
+        rounds = int(self.booster.num_boosted_rounds())
+        final = {"epoch": rounds, "train_seconds": seconds,
+                 "train_samples_per_s": len(xs) * rounds / max(seconds, 1e-9)}
+        if valid_sets:
+            final.update(validate(self, valid_sets, int(p["eval_batch_size"])))
+        emit_metrics(run, rounds, final)
+        out_dir = Path(out_dir)
+        self.save(out_dir / MODEL_FILE)
+        write_history(out_dir, [final])
+        return [final]
+
+    # -- inference ------------------------------------------------------------------------------
+    def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool = False) -> np.ndarray:
+        """The sum of the booster's scores of each program's stores; -inf for one without stores."""
         if self.booster is None:
             raise RuntimeError("model is not trained or loaded")
-        xs = self._programs(ps)
-        have = [i for i, x in enumerate(xs) if len(x)]
-        scores = np.full(len(xs), -np.inf)
+        programs = self._programs(x, mask)
+        have = [i for i, rows in enumerate(programs) if len(rows)]
+        scores = np.full(len(programs), -np.inf)
         if have:
-            model = _library_model(self.config, self.n_threads, 0)
-            model.booster = self.booster
-            scores[have] = model._predict(xs=[xs[i] for i in have])
+            library = _library_model(self.config, self.n_threads, 0)
+            library.booster = self.booster
+            scores[have] = library._predict(xs=[programs[i] for i in have])
         return scores
 
-    def save(self, path: str | os.PathLike) -> Path:
-        from tcl.io import atomic_path
+    def embed(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The sum of each program's store rows (N, n_columns): the pack the trees' scores add over."""
+        m = np.asarray(mask, dtype=bool)[..., None]
+        return (np.asarray(x)[..., :self.n_columns] * m).sum(axis=1).astype(np.float32)
 
-        if self.booster is None:
-            raise RuntimeError("nothing to save: model is not trained")
-        path = Path(path)
-        if path.suffix != ".json":
-            raise ValueError(f"XGBoost models are saved as .json, got {path}")
-        self.booster.set_attr(tcl_kind=KIND, tcl_config=json.dumps(self.config, sort_keys=True),
-                              tcl_feature_meta=json.dumps(self.feature_meta, sort_keys=True, default=str))
-        with atomic_path(path, suffix=".json") as tmp:
-            self.booster.save_model(str(tmp))
-        return path
+    # -- persistence ----------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
+        return save_booster(self, path, extra)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "MSXGBCostModel":
-        import xgboost as xgb
-
-        booster = xgb.Booster()
-        booster.load_model(str(path))
-        if booster.attr("tcl_kind") != KIND:
-            raise ValueError(f"{path} is not a {KIND} model (tcl_kind is {booster.attr('tcl_kind')!r})")
-        booster.set_param({"nthread": n_threads})
-        return cls(config=json.loads(booster.attr("tcl_config") or "{}"),
-                   feature_meta=json.loads(booster.attr("tcl_feature_meta") or "{}"),
-                   booster=booster, n_threads=n_threads)
-
-    @property
-    def info(self) -> dict:
-        return {"kind": KIND, "config": self.config, "feature_meta": self.feature_meta}
-
-
-def train(train_sets, valid_sets, config: dict, p: dict, out_dir: Path, run=None):
-    """`tcl.training.train_model` for this kind: fit, evaluate on the validation sets, save model.json."""
-    import time
-
-    from tcl.io import atomic_write_json
-    from tcl.training import HISTORY_FILE, XGB_FILE, _emit, _feature_meta, validate
-
-    model = MSXGBCostModel(config=dict(config or {}), feature_meta=_feature_meta(train_sets),
-                           n_threads=int(p["threads"]))
-    start = time.perf_counter()
-    rounds = model.fit(train_sets, seed=int(p["seed"]))
-    seconds = time.perf_counter() - start
-    final = {"epoch": rounds, "train_seconds": seconds,
-             "train_samples_per_s": sum(len(ps) for ps in train_sets) * rounds / max(seconds, 1e-9)}
-    if valid_sets:
-        final.update(validate(model, valid_sets, int(p["eval_batch_size"])))
-    _emit(run, rounds, final)
-    model.save(out_dir / XGB_FILE)
-    atomic_write_json(out_dir / HISTORY_FILE, [final])
-    return model, [final]
+    def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "MSXGBModel":
+        return load_booster(cls, path, n_threads)

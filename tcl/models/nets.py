@@ -1,42 +1,52 @@
 """Neural cost models over step sequences: Mamba (TCL), Tenset-MLP and TLP (attention).
 
-Every model maps ``x`` (B, L, F) float32 and ``mask`` (B, L) bool (True on real steps, padding
-at the end) to a score (B,) float32, higher = faster.  All export to ONNX (opset 17) with
-dynamic batch and sequence axes; see :func:`export_onnx`.
+Each kind is a ``torch.nn.Module`` (``MambaNet``, ``MLPNet``, ``TLPNet``) mapping ``x`` (B, L, F)
+float32 and ``mask`` (B, L) bool (True on real steps, padding at the end) to a score (B,) float32,
+higher = faster, read by a head from ``net.pool(x, mask)`` (B, D); and a ``CostModel``
+(``MambaModel``, ``MLPModel``, ``TLPModel``, tcl.models.base) that wraps the net with
+predict/embed/fit/save/load. All export to ONNX (opset 17) with dynamic batch and sequence axes;
+see :func:`export_onnx`.
 
-``build_model(kind, n_features, **config)`` builds one; ``load_preset(name)`` reads a Mamba preset
-(``kb``/``ac``) from ``params.yaml``.  ``flops_per_prediction(model, seq_len)`` is an analytic
-FLOP count (2 x multiply-adds; element-wise products count 1) of one program's forward pass.
+``build_net(kind, n_features, **config)`` builds a net; ``flops_per_prediction(net, seq_len)`` is
+an analytic FLOP count (2 x multiply-adds; element-wise products count 1) of one forward pass.
+Checkpoints: ``save_checkpoint`` (tcl.models.checkpoint) / :func:`load_checkpoint`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Optional
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tcl.models.mamba import Mamba, _exporting
+from tcl.models.base import CostModel
+from tcl.models.checkpoint import read_checkpoint, save_checkpoint
+from tcl.models.mamba import Mamba, exporting
 
 __all__ = [
-    "KINDS",
     "DEFAULTS",
-    "build_model",
-    "load_preset",
+    "build_net",
+    "load_checkpoint",
     "count_parameters",
     "model_size_mb",
     "flops_per_prediction",
     "export_onnx",
-    "MambaCostModel",
-    "MLPCostModel",
-    "TLPCostModel",
+    "MambaNet",
+    "MLPNet",
+    "TLPNet",
+    "NetCostModel",
+    "MambaModel",
+    "MLPModel",
+    "TLPModel",
     "RMSNorm",
 ]
-
-KINDS = ("mamba", "mlp", "tlp")
 
 DEFAULTS: dict[str, dict] = {
     "mamba": {"d_model": 64, "n_layers": 1, "d_state": 8, "expand": 1, "d_conv": 4,
@@ -57,7 +67,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _exporting():  # opset 17 has no RMSNormalization: the written-out form
+        if exporting():  # opset 17 has no RMSNormalization: the written-out form
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # fused: ~10x faster on CPU
 
@@ -87,9 +97,9 @@ def _norm_flops(dim: int) -> int:
 # Mamba
 
 
-class MambaCostModel(nn.Module):
+class MambaNet(nn.Module):
     """Linear embedding -> n_layers x (pre-norm Mamba block + residual) -> norm -> masked mean
-    -> MLP head -> score.
+    (the pooled representation) -> MLP head -> score.
 
     Internally time-major (L, B, d): one transpose of the input, contiguous per-step slices for
     the scan.  In CPU inference (no autograd) rows are sorted by valid length and run in blocks
@@ -126,14 +136,18 @@ class MambaCostModel(nn.Module):
             b.scan_method = method
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if (x.is_cuda or _exporting() or x.shape[0] == 0
-                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
-            return self._forward(x, mask)
-        return self._forward_blocks(x, mask)
+        return self.head(self.dropout(self.pool(x, mask))).squeeze(-1)
 
-    def _forward_blocks(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The pooled representation (B, d_model) the head scores."""
+        if (x.is_cuda or exporting() or x.shape[0] == 0
+                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
+            return self._pool(x, mask)
+        return self._pool_blocks(x, mask)
+
+    def _pool_blocks(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """CPU inference: rows sorted by valid length, in blocks of ``block_rows``, each block
-        cropped to its longest row. Same scores as ``_forward``: the scan is causal and pooling
+        cropped to its longest row. Same result as ``_pool``: the scan is causal and pooling
         masked, so steps after a row's last valid one change nothing; they are just not computed."""
         bs, L = mask.shape
         rows = self.block_rows
@@ -144,23 +158,22 @@ class MambaCostModel(nn.Module):
         lengths = torch.where(m.any(1), L - m.flip(1).int().argmax(1), 0)
         if bs <= rows:  # one block: crop, no reordering
             n = max(1, int(lengths.max()))
-            return self._forward(x[:, :n], mask[:, :n])
+            return self._pool(x[:, :n], mask[:, :n])
         order = torch.argsort(lengths, stable=True)
-        out = x.new_empty(bs)
+        out = x.new_empty(bs, self.d_model)
         for i in range(0, bs, rows):
             idx = order[i:i + rows]
             n = max(1, int(lengths[idx[-1]]))
-            out[idx] = self._forward(x[idx, :n], mask[idx, :n])
+            out[idx] = self._pool(x[idx, :n], mask[idx, :n])
         return out
 
-    def _forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.embed(x.transpose(0, 1))  # (L, B, d)
         for norm, block in zip(self.norms, self.blocks):
             h = h + block(norm(h), time_major=True)
         h = self.norm_f(h)
         m = mask.transpose(0, 1).unsqueeze(-1).to(h.dtype)  # (L, B, 1)
-        pooled = self.dropout(_masked_mean(h, m, 0))
-        return self.head(pooled).squeeze(-1)
+        return _masked_mean(h, m, 0)  # (B, d)
 
     def flops(self, seq_len: int) -> int:
         d = self.d_model
@@ -174,7 +187,7 @@ class MambaCostModel(nn.Module):
 # Tenset-MLP
 
 
-class MLPCostModel(nn.Module):
+class MLPNet(nn.Module):
     """Tenset-MLP: per-step MLP encoder -> masked SUM over steps -> LayerNorm -> 2 residual
     layers -> linear decoder (Tenset uses BatchNorm there; LayerNorm keeps train/eval equal)."""
 
@@ -197,12 +210,15 @@ class MLPCostModel(nn.Module):
         self.decoder = nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.dropout(self.pool(x, mask))).squeeze(-1)
+
+    def pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The representation (B, hidden) the decoder scores."""
         h = self.encoder(x)  # (B, L, H)
         h = (h * mask.unsqueeze(-1).to(h.dtype)).sum(1)
         h = self.norm(h)
         h = F.relu(self.l0(h)) + h
-        h = F.relu(self.l1(h)) + h
-        return self.decoder(self.dropout(h)).squeeze(-1)
+        return F.relu(self.l1(h)) + h
 
     def flops(self, seq_len: int) -> int:
         enc = sum(_linear_flops(m) for m in self.encoder if isinstance(m, nn.Linear))
@@ -244,7 +260,7 @@ class EncoderLayer(nn.Module):
         return x + self.drop(self.ff(self.norm2(x)))
 
 
-class TLPCostModel(nn.Module):
+class TLPNet(nn.Module):
     """TLP-style attention model: linear embedding + learned positions -> n_layers pre-norm
     transformer encoder layers (key padding mask from `mask`) -> LayerNorm -> masked mean ->
     MLP head."""
@@ -267,6 +283,10 @@ class TLPCostModel(nn.Module):
         self.head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, 1))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(x, mask)).squeeze(-1)
+
+    def pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The masked mean (B, d_model) of the encoded steps, which the head scores."""
         L = x.shape[1]
         h = self.embed(x) + self.pos[:L]
         # a program with no real step attends over its padding (finite output, pooled to 0)
@@ -275,8 +295,7 @@ class TLPCostModel(nn.Module):
         for layer in self.layers:
             h = layer(h, bias)
         h = self.norm(h)
-        pooled = _masked_mean(h, mask.unsqueeze(-1).to(h.dtype), 1)
-        return self.head(pooled).squeeze(-1)
+        return _masked_mean(h, mask.unsqueeze(-1).to(h.dtype), 1)
 
     def flops(self, seq_len: int) -> int:
         d, L, ff = self.d_model, seq_len, self.ff
@@ -296,44 +315,22 @@ class TLPCostModel(nn.Module):
 # construction, presets, accounting
 
 
-_CLASSES = {"mamba": MambaCostModel, "mlp": MLPCostModel, "tlp": TLPCostModel}
+def build_net(kind: str, n_features: int, **config) -> nn.Module:
+    """A net of `kind` (mamba | mlp | tlp) for F = n_features; unknown config keys raise."""
+    if kind not in NET_MODELS:
+        raise ValueError(f"unknown net kind {kind!r}; expected one of {tuple(NET_MODELS)}")
+    return NET_MODELS[kind].build_net(n_features, config)
 
 
-def build_model(kind: str, n_features: int, **config) -> nn.Module:
-    """A cost model of `kind` (mamba | mlp | tlp) for F = n_features; unknown config keys raise."""
-    if kind not in _CLASSES:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
-    allowed = set(DEFAULTS[kind]) | ({"dt_rank"} if kind == "mamba" else set())
-    unknown = set(config) - allowed
-    if unknown:
-        raise ValueError(f"unknown {kind} config keys: {sorted(unknown)} (allowed: {sorted(allowed)})")
-    cfg = {**DEFAULTS[kind], **config}
-    return _CLASSES[kind](int(n_features), **cfg)
-
-
-def _find_params(params_path: str | os.PathLike) -> Path:
-    p = Path(params_path)
-    if p.is_file() or p.is_absolute():
-        return p
-    repo = Path(__file__).resolve().parents[2] / p  # the repository's params.yaml
-    return repo if repo.is_file() else p
-
-
-def load_preset(name: str, params_path: str | os.PathLike = "params.yaml") -> dict:
-    """Mamba config of preset `name` (``kb``, ``ac``, or ``mamba-kb``) from ``models.mamba``.
-
-    A relative `params_path` that does not exist in the working directory falls back to the
-    repository's own ``params.yaml``.
-    """
-    import yaml
-
-    key = name[len("mamba-"):] if name.startswith("mamba-") else name
-    path = _find_params(params_path)
-    params = yaml.safe_load(path.read_text()) or {}
-    presets = ((params.get("models") or {}).get("mamba") or {})
-    if key not in presets:
-        raise KeyError(f"no Mamba preset {key!r} in {path} (models.mamba has {sorted(presets)})")
-    return dict(presets[key])
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> tuple[nn.Module, dict]:
+    """(net in eval mode, info) from a checkpoint written by ``save_checkpoint``; the net is
+    rebuilt from the recorded kind and config and its tensors loaded strictly."""
+    state, info = read_checkpoint(path, map_location)
+    net = build_net(info["kind"], int(info["n_features"]), **info["config"])
+    net.load_state_dict(state, strict=True)
+    net.eval()
+    return net, info
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -364,7 +361,6 @@ def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: 
     for L <= max_len (a doubling scan beyond 128). MLP/TLP graphs take any length (TLP up to its
     position table).  `f` is a path or a binary file object.
     """
-    import io
     import warnings
 
     import onnx
@@ -396,3 +392,142 @@ def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: 
         f.write(data)
     else:
         Path(f).write_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# the nets as CostModels (tcl.models.base)
+
+
+@contextlib.contextmanager
+def _inference(net: nn.Module, dropout: bool):
+    """Eval mode and no autograd; with `dropout`, the Dropout layers stay on (MC dropout)."""
+    was_training = net.training
+    net.eval()
+    if dropout:
+        for m in net.modules():
+            if isinstance(m, nn.Dropout):
+                m.train()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        net.train(was_training)
+
+
+@contextlib.contextmanager
+def _scan_bound(net: nn.Module, max_len: int):
+    """Bound the Mamba blocks' export scan to the features' max_len while exporting: a block
+    built with a larger bound (e.g. 1024) would export the doubling scan instead of the per-step
+    one, for nothing (the server refuses inputs longer than the features' max_len)."""
+    saved = [(m, m.max_len) for m in net.modules()
+             if isinstance(m, Mamba) and (m.max_len or 0) > max_len]
+    for m, _ in saved:
+        m.max_len = int(max_len)
+    try:
+        yield
+    finally:
+        for m, v in saved:
+            m.max_len = v
+
+
+class NetCostModel(CostModel):
+    """A torch net behind the CostModel interface; trained by ``tcl.training.fit_net``.
+    A subclass names its ``net_class`` and the ``defaults`` of its config."""
+
+    onnx_export = True
+    net_class: type[nn.Module]
+    defaults: dict = {}
+    optional_keys: frozenset = frozenset()  # config keys accepted without a default
+
+    def __init__(self, n_features: int, config: dict | None = None, feature_meta: dict | None = None,
+                 net: nn.Module | None = None):
+        super().__init__(n_features, config, feature_meta)
+        self.net = net if net is not None else self.build_net(self.n_features, self.config)
+
+    @classmethod
+    def build_net(cls, n_features: int, config: dict) -> nn.Module:
+        """The net for F = n_features; unknown config keys raise."""
+        allowed = set(cls.defaults) | set(cls.optional_keys)
+        unknown = set(config) - allowed
+        if unknown:
+            raise ValueError(f"unknown {cls.kind} config keys: {sorted(unknown)} (allowed: {sorted(allowed)})")
+        return cls.net_class(int(n_features), **{**cls.defaults, **config})
+
+    @staticmethod
+    def _tensors(x, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+                torch.from_numpy(np.ascontiguousarray(mask, dtype=bool)))
+
+    def predict(self, x, mask, dropout: bool = False) -> np.ndarray:
+        xt, mt = self._tensors(x, mask)
+        with _inference(self.net, dropout):
+            return self.net(xt, mt).double().numpy()
+
+    def embed(self, x, mask) -> np.ndarray:
+        xt, mt = self._tensors(x, mask)
+        with _inference(self.net, False):
+            return self.net.pool(xt, mt).float().numpy()
+
+    def fit(self, train_sets, valid_sets, train_params, out_dir, run=None, progress=None,
+            resume=True, trainable=None, extra_losses=None) -> list[dict]:
+        from tcl.training import fit_net
+
+        return fit_net(self, train_sets, valid_sets, train_params, out_dir, run=run,
+                       progress=progress, resume=resume, trainable=trainable,
+                       extra_losses=extra_losses)
+
+    def save(self, path, extra: dict | None = None) -> Path:
+        return save_checkpoint(path, self.net, self.kind, self.config, self.feature_meta, extra)
+
+    @classmethod
+    def load(cls, path) -> "NetCostModel":
+        state, info = read_checkpoint(path)
+        model_cls = cls if info["kind"] == cls.kind else NET_MODELS.get(info["kind"])
+        if model_cls is None or not issubclass(model_cls, cls):
+            raise ValueError(f"{path} holds a {info['kind']} model, not {cls.kind}")
+        model = model_cls(int(info["n_features"]), info.get("config"), info.get("feature_meta"))
+        model.net.load_state_dict(state, strict=True)
+        model.net.eval()
+        model.extra = dict(info.get("extra") or {})
+        return model
+
+    def to_onnx(self, max_len: int, opset: int = 17) -> bytes:
+        """The TorchScript exporter first (small graphs, honours the opset), torch.export if it
+        fails; traced at `max_len` (the Mamba export scan is valid for L <= it)."""
+        import warnings
+
+        errors = []
+        self.net.eval()
+        for dynamo in (False, True):
+            buf = io.BytesIO()
+            try:
+                with warnings.catch_warnings(), _scan_bound(self.net, max_len):
+                    warnings.simplefilter("ignore")
+                    export_onnx(self.net, buf, self.n_features, max_len, opset=opset, dynamo=dynamo)
+                return buf.getvalue()
+            except Exception as exc:  # noqa: BLE001 - try the other exporter, report both
+                errors.append(f"{'dynamo' if dynamo else 'torchscript'}: {type(exc).__name__}: {exc}")
+        raise RuntimeError("ONNX export failed:\n  " + "\n  ".join(errors))
+
+
+class MambaModel(NetCostModel):
+    kind = "mamba"
+    net_class = MambaNet
+    defaults = DEFAULTS["mamba"]
+    optional_keys = frozenset({"dt_rank"})
+    default_preset = "kb"  # params.yaml models.mamba.kb: the deployed KB
+
+
+class MLPModel(NetCostModel):
+    kind = "mlp"
+    net_class = MLPNet
+    defaults = DEFAULTS["mlp"]
+
+
+class TLPModel(NetCostModel):
+    kind = "tlp"
+    net_class = TLPNet
+    defaults = DEFAULTS["tlp"]
+
+
+NET_MODELS: dict[str, type[NetCostModel]] = {m.kind: m for m in (MambaModel, MLPModel, TLPModel)}

@@ -1,4 +1,5 @@
-"""Tenset's MLP cost model on per-store features (Tenset `auto_scheduler/cost_model/mlp_model.py`).
+"""Tenset's MLP cost model on per-store features (Tenset `auto_scheduler/cost_model/mlp_model.py`):
+kind ``mlp-tenset``.
 
 The network and the loss are MetaSchedule's port of Tenset's, used as they are:
 `SegmentSumMLP` (each store row -> Linear-ReLU-Linear-ReLU to `hidden_dim`, summed over the
@@ -6,7 +7,8 @@ program's stores, two residual Linear-ReLU layers, Linear to the score) and `lam
 (LambdaRank over all pairs of the batch, NDCG weights), both from
 `tvm.s_tir.meta_schedule.cost_model.mlp_model`. The training procedure is Tenset's
 `MLPModelInternal._fit_a_model` with `loss_type="lambdaRankLoss"`, written here because
-MetaSchedule's trainer wants tuning contexts and a database:
+MetaSchedule's trainer wants tuning contexts and a database (so ``fit`` is not
+``tcl.training.fit_net``, and like Tenset's it starts from fresh weights):
 
 * features divided column-wise by their maximum over the training stores (Tenset's
   `fea_norm_vec`, saved with the model and applied to every later input);
@@ -23,16 +25,21 @@ a 160-number embedding from a pickle, which is not available here).
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import nn
+
+from tcl.models.base import PerStoreCostModel
+from tcl.models.checkpoint import read_checkpoint, save_checkpoint
+from tcl.perstore import N_FEATURES, flat_stores
 
 KIND = "mlp-tenset"
-FORMAT = "tcl-tenset-mlp"
+MODEL_FILE = "model.pt"
 DEFAULT_CONFIG = {"hidden_dim": 256, "workload_features": True, "epochs": 50, "batch_size": 512,
                   "lr": 7e-4, "weight_decay": 1e-6, "grad_clip": 0.5}
 
@@ -44,58 +51,64 @@ def _library():
     return SegmentSumMLP, lambda_rank_loss
 
 
-@dataclass
-class TensetMLPCostModel:
-    config: dict = field(default_factory=lambda: dict(DEFAULT_CONFIG))
-    feature_meta: dict = field(default_factory=dict)
-    net: object = None
-    norm: np.ndarray | None = None   # (F,) column maxima of the training stores
-    n_threads: int = 2
+class TensetNet(nn.Module):
+    """MetaSchedule's `SegmentSumMLP` (``mlp``) behind Tenset's input normalisation: store rows
+    (their first `n_columns` columns) divided by ``norm``, the training stores' column maxima."""
+
+    def __init__(self, n_features: int, n_columns: int, hidden_dim: int):
+        super().__init__()
+        SegmentSumMLP, _ = _library()
+        self.n_features = n_features  # what the checkpoint records as the model's input width
+        self.mlp = SegmentSumMLP(input_dim=n_columns, hidden_dim=hidden_dim, output_dim=1)
+        self.register_buffer("norm", torch.ones(n_columns))
+
+    def forward(self, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(stores per program (B,), their rows (sum, >= n_columns)) -> scores (B,)."""
+        rows = rows[:, :len(self.norm)] / self.norm
+        return self.mlp(counts, rows).reshape(-1)  # the library's squeeze() makes one program a scalar
+
+
+class TensetMLPModel(PerStoreCostModel):
+    """Tenset's segment-sum MLP behind the CostModel interface (``net``: a TensetNet)."""
 
     kind = KIND
+    warm_start = False
 
-    @property
-    def cfg(self) -> dict:
-        return {**DEFAULT_CONFIG, **self.config}
+    def __init__(self, n_features: int = N_FEATURES, config: dict | None = None,
+                 feature_meta: dict | None = None):
+        super().__init__(n_features or N_FEATURES, {**DEFAULT_CONFIG, **(config or {})}, feature_meta)
+        self.net = self._build()
 
-    def _columns(self, ps) -> int:
-        return int(ps.stores.shape[1]) if self.cfg["workload_features"] else int(ps.meta.get("n_store_features", 164))
+    def _build(self) -> TensetNet:
+        return TensetNet(self.n_features, self.n_columns, int(self.config["hidden_dim"])).eval()
 
-    def _build(self, n_features: int):
-        SegmentSumMLP, _ = _library()
-        return SegmentSumMLP(input_dim=n_features, hidden_dim=int(self.cfg["hidden_dim"]), output_dim=1)
-
-    def _batch(self, ps, index: np.ndarray):
-        """(segment sizes, normalised store rows) of the programs at `index`, as torch tensors."""
-        import torch
-
-        counts = np.diff(ps.offsets)[index]
-        rows = np.repeat(ps.offsets[:-1][index] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-        x = ps.stores[rows, :len(self.norm)] / self.norm
-        return torch.from_numpy(counts.astype(np.int64)), torch.from_numpy(np.ascontiguousarray(x, np.float32))
-
-    def _scores(self, ps, index: np.ndarray):
-        sizes, x = self._batch(ps, index)
-        return self.net(sizes, x).reshape(-1)  # the library's squeeze() makes one program a scalar
+    @staticmethod
+    def _segments(x, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded (B, S, F) + mask -> (stores per program (B,), their rows (sum, F)) as tensors."""
+        counts, rows = flat_stores(x, mask)
+        return torch.from_numpy(counts), torch.from_numpy(np.ascontiguousarray(rows, np.float32))
 
     # -- training -------------------------------------------------------------------------------
-    def fit(self, train_sets, valid_sets=(), seed: int = 0, on_epoch=None) -> list[dict]:
-        """Tenset's training on PerStoreSets (one per platform); returns per-epoch records."""
-        import time
+    def fit(self, train_sets, valid_sets, train_params, out_dir, run=None, progress=None,
+            resume=True, trainable=None, extra_losses=None) -> list[dict]:
+        """Tenset's training (module docstring) on PerStoreSets, one per platform; writes
+        model.pt and history.json. Of `train_params` only seed and threads apply."""
+        from tcl.training import (DEFAULT_TRAIN, emit_metrics, epoch_batches, epoch_seed, feature_meta,
+                                  seed_everything, validate, write_history)
 
-        import torch
-
-        from tcl.training import epoch_batches, epoch_seed, seed_everything, validate
-
+        if trainable is not None or extra_losses:
+            raise ValueError(f"{self.kind} models take no parameter filter or extra loss terms")
         _, loss_fn = _library()
-        cfg = self.cfg
-        torch.set_num_threads(self.n_threads)
-        cols = self._columns(train_sets[0])
-        stores = np.concatenate([ps.stores[:, :cols] for ps in train_sets])
-        norm = stores.max(axis=0) if len(stores) else np.ones(cols, np.float32)
-        self.norm = np.where(norm > 0, norm, 1.0).astype(np.float32)
+        p = {**DEFAULT_TRAIN, **(train_params or {})}
+        cfg, seed = self.config, int(p["seed"])
+        torch.set_num_threads(int(p["threads"]))
+        self.feature_meta = {**self.feature_meta, **feature_meta(train_sets)}
+        inputs = [self.inputs(fs) for fs in train_sets]
         seed_everything(seed)
-        self.net = self._build(cols)
+        self.net = self._build()
+        stores = np.concatenate([fs.stores[:, :self.n_columns] for fs in train_sets])
+        norm = stores.max(axis=0) if len(stores) else np.ones(self.n_columns, np.float32)
+        self.net.norm.copy_(torch.from_numpy(np.where(norm > 0, norm, 1.0).astype(np.float32)))
         opt = torch.optim.Adam(self.net.parameters(), lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]))
         n_epochs = int(cfg["epochs"])
         patience = n_epochs // 6
@@ -107,9 +120,9 @@ class TensetMLPCostModel:
             self.net.train()
             seen = 0
             for si, index in epoch_batches(train_sets, int(cfg["batch_size"]), np.random.default_rng(es), by_task=False):
-                ps = train_sets[si]
-                y = torch.from_numpy(np.asarray(ps.y[index], np.float32))
-                loss = loss_fn(self._scores(ps, index), y)
+                (x, mask), fs = inputs[si], train_sets[si]
+                y = torch.from_numpy(np.asarray(fs.y[index], np.float32))
+                loss = loss_fn(self.net(*self._segments(x[index], mask[index])), y)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.net.parameters(), float(cfg["grad_clip"]))
@@ -123,80 +136,45 @@ class TensetMLPCostModel:
                       "best_epoch": epoch}  # the weights kept are the last epoch's (Tenset's rule)
             if valid_sets:
                 self.net.eval()
-                record.update(validate(self, valid_sets))
+                record.update(validate(self, valid_sets, int(p["eval_batch_size"])))
             history.append(record)
-            if on_epoch is not None:
-                on_epoch(epoch, record)
+            emit_metrics(run, epoch, record)
             if avg_loss < best_loss:
                 best_loss, best_epoch = avg_loss, epoch
             elif epoch - best_epoch >= patience:
                 break
         self.net.eval()
+        out_dir = Path(out_dir)
+        self.save(out_dir / MODEL_FILE, extra={"epoch": history[-1]["epoch"], "train_params": p})
+        write_history(out_dir, history)
         return history
 
     # -- inference ------------------------------------------------------------------------------
-    def predict(self, ps, batch_size: int = 4096) -> np.ndarray:
-        """Scores (higher = faster) of every program of a PerStoreSet."""
-        import torch
-
-        if self.net is None:
-            raise RuntimeError("model is not trained or loaded")
-        out = []
+    def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool = False) -> np.ndarray:
         with torch.inference_mode():
-            for a in range(0, len(ps), batch_size):
-                out.append(self._scores(ps, np.arange(a, min(a + batch_size, len(ps)))).double().numpy())
-        return np.concatenate(out) if out else np.zeros(0)
+            return self.net(*self._segments(x, mask)).double().numpy()
+
+    def embed(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The segment sum of the encoded store rows (N, hidden_dim): what the residual layers and
+        the decoder read."""
+        counts, rows = self._segments(x, mask)
+        with torch.inference_mode():
+            encoded = self.net.mlp.encoder(rows[:, :self.n_columns] / self.net.norm)  # (stores, hidden)
+            program = torch.repeat_interleave(torch.arange(len(counts)), counts)
+            pooled = torch.zeros(len(counts), encoded.shape[1]).index_add_(0, program, encoded)
+        return pooled.numpy()
 
     # -- persistence ----------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
-        """Tensors + JSON in one torch file (loadable with weights_only=True), written atomically."""
-        import torch
-
-        from tcl.io import atomic_path
-
-        if self.net is None:
-            raise RuntimeError("nothing to save: model is not trained")
-        info = {"kind": KIND, "config": self.config, "feature_meta": self.feature_meta,
-                "n_features": int(len(self.norm))}
-        payload = {"format": FORMAT, "info_json": json.dumps(info, sort_keys=True, default=str),
-                   "state_dict": {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()},
-                   "norm": torch.from_numpy(self.norm)}
-        with atomic_path(path, suffix=".pt") as tmp:
-            torch.save(payload, tmp)
-        return Path(path)
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
+        return save_checkpoint(path, self.net, self.kind, self.config, self.feature_meta,
+                               {**self.extra, **(extra or {})})
 
     @classmethod
-    def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "TensetMLPCostModel":
-        import torch
-
-        payload = torch.load(Path(path), map_location="cpu", weights_only=True)
-        if not is_payload(payload):
-            raise ValueError(f"{path} is not a {KIND} model")
-        info = json.loads(payload["info_json"])
-        model = cls(config=info["config"], feature_meta=info["feature_meta"],
-                    norm=payload["norm"].numpy(), n_threads=n_threads)
-        model.net = model._build(int(info["n_features"]))
-        model.net.load_state_dict(payload["state_dict"], strict=True)
-        model.net.eval()
+    def load(cls, path: str | os.PathLike) -> "TensetMLPModel":
+        state, info = read_checkpoint(path)
+        if info["kind"] != cls.kind:
+            raise ValueError(f"{path} holds a {info['kind']} model, not {cls.kind}")
+        model = cls(int(info["n_features"]), info.get("config"), info.get("feature_meta"))
+        model.net.load_state_dict(state, strict=True)
+        model.extra = dict(info.get("extra") or {})
         return model
-
-    @property
-    def info(self) -> dict:
-        return {"kind": KIND, "config": self.config, "feature_meta": self.feature_meta}
-
-
-def is_payload(payload) -> bool:
-    return isinstance(payload, dict) and payload.get("format") == FORMAT
-
-
-def train(train_sets, valid_sets, config: dict, p: dict, out_dir: Path, run=None):
-    """`tcl.training.train_model` for this kind: Tenset's training, then model.pt + history.json."""
-    from tcl.io import atomic_write_json
-    from tcl.training import HISTORY_FILE, MODEL_FILE, _emit, _feature_meta
-
-    model = TensetMLPCostModel(config=dict(config or {}), feature_meta=_feature_meta(train_sets),
-                               n_threads=int(p["threads"]))
-    history = model.fit(train_sets, valid_sets, seed=int(p["seed"]), on_epoch=lambda e, r: _emit(run, e, r))
-    model.save(out_dir / MODEL_FILE)
-    atomic_write_json(out_dir / HISTORY_FILE, history)
-    return model, history

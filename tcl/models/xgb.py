@@ -6,20 +6,24 @@ order of the primitives, which is exactly what the sequence models are meant to 
 
 Objective: `rank:pairwise` with one query group per task (default), or `reg:squarederror` on y.
 Saved with XGBoost's own JSON format (no pickle); the model kind, config and feature metadata
-travel inside the JSON as booster attributes, so one file is the whole checkpoint.
+travel inside the JSON as booster attributes, so one file is the whole checkpoint. A warm start
+(``fit`` on a loaded model) adds rounds to the loaded trees.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
 
+from tcl.models.base import CostModel
+
 DEFAULT_CONFIG = {"n_estimators": 200, "max_depth": 8, "eta": 0.2, "objective": "rank:pairwise"}
 KIND = "xgb"
+MODEL_FILE = "model.json"
 
 
 def pool_features(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -32,18 +36,22 @@ def pool_features(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.concatenate([total, mean, length], axis=1).astype(np.float32)
 
 
-@dataclass
-class XGBCostModel:
-    config: dict = field(default_factory=lambda: dict(DEFAULT_CONFIG))
-    feature_meta: dict = field(default_factory=dict)
-    booster: object = None
-    n_threads: int = 2
+class XGBModel(CostModel):
+    """Gradient-boosted trees on pooled step features (``pool_features``)."""
 
     kind = KIND
+    file_suffix = ".json"
+
+    def __init__(self, n_features: int = 0, config: dict | None = None, feature_meta: dict | None = None,
+                 booster=None, n_threads: int = 2):
+        super().__init__(n_features or int((feature_meta or {}).get("n_features", 0)),
+                         {**DEFAULT_CONFIG, **(config or {})}, feature_meta)
+        self.booster = booster
+        self.n_threads = int(n_threads)
 
     # -- training -------------------------------------------------------------------------------
     def _params(self) -> dict:
-        cfg = {**DEFAULT_CONFIG, **self.config}
+        cfg = self.config
         params = {
             "objective": cfg["objective"],
             "max_depth": int(cfg["max_depth"]),
@@ -60,46 +68,81 @@ class XGBCostModel:
                 params[key] = cfg[key]
         return params
 
-    def _dmatrix(self, fs):
+    def _dmatrix(self, sets):
+        """One DMatrix of several FeatureSets (task ids offset so tasks of platforms never merge)."""
         import xgboost as xgb
 
-        objective = {**DEFAULT_CONFIG, **self.config}["objective"]
-        y = np.asarray(fs.y, dtype=np.float32)
-        keep = np.isfinite(y)
-        rows = np.flatnonzero(keep)
-        if objective.startswith("rank:"):
-            rows = rows[np.argsort(np.asarray(fs.task)[rows], kind="stable")]  # groups must be contiguous
-        feats = pool_features(np.asarray(fs.x)[rows], np.asarray(fs.mask)[rows])
-        d = xgb.DMatrix(feats, label=y[rows], nthread=self.n_threads)
-        if objective.startswith("rank:"):
-            _, counts = np.unique(np.asarray(fs.task)[rows], return_counts=True)
+        ranking = self.config["objective"].startswith("rank:")
+        feats, labels, groups, offset = [], [], [], 0
+        for fs in sets:
+            x, mask = self.inputs(fs)
+            y = np.asarray(fs.y, dtype=np.float32)
+            task = np.asarray(fs.task, dtype=np.int64)
+            rows = np.flatnonzero(np.isfinite(y))
+            if ranking:
+                rows = rows[np.argsort(task[rows], kind="stable")]  # groups must be contiguous
+            feats.append(pool_features(np.asarray(x)[rows], np.asarray(mask)[rows]))
+            labels.append(y[rows])
+            groups.append(task[rows] + offset)
+            offset += int(task.max()) + 1 if len(task) else 0
+        d = xgb.DMatrix(np.concatenate(feats), label=np.concatenate(labels), nthread=self.n_threads)
+        if ranking:
+            _, counts = np.unique(np.concatenate(groups), return_counts=True)
             d.set_group(counts)
         return d
 
-    def fit(self, train_sets, valid_sets=None, on_round=None, early_stopping_rounds: int | None = None):
-        """Train on one FeatureSet or a list (one per platform; groups never mix platforms)."""
+    def boost(self, train_sets, valid_sets=(), on_round=None, early_stopping_rounds: int | None = None) -> dict:
+        """``config.n_estimators`` boosting rounds on top of the current trees (none: from scratch);
+        `on_round(round, {data_metric: value})` after each."""
         import xgboost as xgb
 
-        train_sets = train_sets if isinstance(train_sets, (list, tuple)) else [train_sets]
-        valid_sets = [] if valid_sets is None else (valid_sets if isinstance(valid_sets, (list, tuple)) else [valid_sets])
-        dtrain = self._dmatrix(_concat(train_sets))
+        dtrain = self._dmatrix(train_sets)
         evals = [(dtrain, "train")]
         if valid_sets:
-            evals.append((self._dmatrix(_concat(valid_sets)), "valid"))
-        callbacks = []
-        if on_round is not None:
-            callbacks.append(_round_callback(on_round))
-        n_rounds = int({**DEFAULT_CONFIG, **self.config}["n_estimators"])
+            evals.append((self._dmatrix(valid_sets), "valid"))
+        callbacks = [_round_callback(on_round)] if on_round is not None else []
         history: dict = {}
         self.booster = xgb.train(
-            self._params(), dtrain, num_boost_round=n_rounds, evals=evals, evals_result=history,
-            verbose_eval=False, callbacks=callbacks,
+            self._params(), dtrain, num_boost_round=int(self.config["n_estimators"]), evals=evals,
+            evals_result=history, verbose_eval=False, callbacks=callbacks, xgb_model=self.booster,
             early_stopping_rounds=early_stopping_rounds if valid_sets else None,
         )
         return history
 
+    def fit(self, train_sets, valid_sets, train_params, out_dir, run=None, progress=None,
+            resume=True, trainable=None, extra_losses=None) -> list[dict]:
+        """Boosting rounds play the role of epochs: each round's eval metrics go to `run`; early
+        stopping after ``patience * 5`` rounds without a better validation NDCG@5."""
+        from tcl.training import DEFAULT_TRAIN, emit_metrics, feature_meta, validate, write_history
+
+        if trainable is not None or extra_losses:
+            raise ValueError("xgb models take no parameter filter or extra loss terms")
+        p = {**DEFAULT_TRAIN, **(train_params or {})}
+        self.config.setdefault("seed", int(p["seed"]))
+        self.n_threads = int(p["threads"])
+        self.feature_meta = {**self.feature_meta, **feature_meta(train_sets)}
+        history: list[dict] = []
+
+        def on_round(i, values):
+            history.append({"epoch": i, **values})
+            emit_metrics(run, i, values)
+
+        t0 = time.perf_counter()
+        self.boost(train_sets, valid_sets, on_round=on_round,
+                   early_stopping_rounds=int(p["patience"]) * 5 if valid_sets else None)
+        seconds = time.perf_counter() - t0
+        final = {"epoch": len(history), "train_seconds": seconds,
+                 "train_samples_per_s": sum(len(fs) for fs in train_sets) * len(history) / max(seconds, 1e-9)}
+        if valid_sets:
+            final.update(validate(self, valid_sets, int(p["eval_batch_size"])))
+        history.append(final)
+        out_dir = Path(out_dir)
+        self.save(out_dir / MODEL_FILE)
+        write_history(out_dir, history)
+        return history
+
     # -- inference ------------------------------------------------------------------------------
-    def predict_arrays(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool = False) -> np.ndarray:
         import xgboost as xgb
 
         if self.booster is None:
@@ -111,48 +154,62 @@ class XGBCostModel:
             kwargs["iteration_range"] = (0, int(best) + 1)
         return np.asarray(self.booster.predict(d, **kwargs), dtype=np.float64)
 
-    def predict(self, fs) -> np.ndarray:
-        """Scores for every program of a FeatureSet (higher = predicted faster)."""
-        return self.predict_arrays(fs.x, fs.mask)
+    def embed(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The pooled step features the trees split on (N, 2F + 1)."""
+        return pool_features(x, mask)
 
     # -- persistence ----------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
         """Write the booster as XGBoost JSON (atomic), with kind/config/feature_meta as attributes."""
-        from tcl.io import atomic_path
-
-        if self.booster is None:
-            raise RuntimeError("nothing to save: model is not trained")
-        path = Path(path)
-        if path.suffix != ".json":
-            raise ValueError(f"XGBoost models are saved as .json, got {path}")
-        self.booster.set_attr(
-            tcl_kind=KIND,
-            tcl_config=json.dumps(self.config, sort_keys=True),
-            tcl_feature_meta=json.dumps(_jsonable(self.feature_meta), sort_keys=True),
-        )
-        with atomic_path(path, suffix=".json") as tmp:
-            self.booster.save_model(str(tmp))
-        return path
+        return save_booster(self, path, extra)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "XGBCostModel":
-        import xgboost as xgb
+    def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "XGBModel":
+        return load_booster(cls, path, n_threads)
 
-        booster = xgb.Booster()
+
+def save_booster(model, path: str | os.PathLike, extra: dict | None = None) -> Path:
+    """Write `model.booster` as XGBoost JSON (atomically), the model's kind, n_features, config,
+    feature_meta and extra inside as booster attributes: one file is the whole checkpoint."""
+    from tcl.io import atomic_path
+
+    if model.booster is None:
+        raise RuntimeError("nothing to save: model is not trained")
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ValueError(f"XGBoost models are saved as .json, got {path}")
+    model.booster.set_attr(
+        tcl_kind=model.kind,
+        tcl_n_features=str(model.n_features),
+        tcl_config=json.dumps(_jsonable(model.config), sort_keys=True),
+        tcl_feature_meta=json.dumps(_jsonable(model.feature_meta), sort_keys=True),
+        tcl_extra=json.dumps(_jsonable({**model.extra, **(extra or {})}), sort_keys=True),
+    )
+    with atomic_path(path, suffix=".json") as tmp:
+        model.booster.save_model(str(tmp))
+    return path
+
+
+def load_booster(cls, path: str | os.PathLike, n_threads: int = 2):
+    """The `cls` model (constructed as ``cls(n_features, config=, feature_meta=, booster=,
+    n_threads=)``) that `save_booster` wrote to `path`; ValueError for another kind or file."""
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    try:
         booster.load_model(str(path))
-        if booster.attr("tcl_kind") != KIND:
-            raise ValueError(f"{path} is not a TCL XGBoost model (missing tcl_kind attribute)")
-        booster.set_param({"nthread": n_threads})
-        return cls(
-            config=json.loads(booster.attr("tcl_config") or "{}"),
-            feature_meta=json.loads(booster.attr("tcl_feature_meta") or "{}"),
-            booster=booster,
-            n_threads=n_threads,
-        )
-
-    @property
-    def info(self) -> dict:
-        return {"kind": KIND, "config": self.config, "feature_meta": self.feature_meta}
+    except xgb.core.XGBoostError as exc:
+        raise ValueError(f"{path}: not an XGBoost model file ({str(exc).splitlines()[0]})") from None
+    if booster.attr("tcl_kind") != cls.kind:
+        raise ValueError(f"{path} is not a TCL {cls.kind} model (tcl_kind attribute "
+                         f"{booster.attr('tcl_kind')!r})")
+    booster.set_param({"nthread": n_threads})
+    model = cls(int(booster.attr("tcl_n_features") or 0),
+                config=json.loads(booster.attr("tcl_config") or "{}"),
+                feature_meta=json.loads(booster.attr("tcl_feature_meta") or "{}"),
+                booster=booster, n_threads=n_threads)
+    model.extra = json.loads(booster.attr("tcl_extra") or "{}")
+    return model
 
 
 def _round_callback(fn):
@@ -166,28 +223,6 @@ def _round_callback(fn):
             return False  # never stop training
 
     return _Forward()
-
-
-def _concat(sets):
-    """Stack several FeatureSets' x/mask/y/task (task ids offset so tasks of platforms never merge)."""
-    if len(sets) == 1:
-        return sets[0]
-
-    class _Stacked:
-        pass
-
-    out = _Stacked()
-    L = max(s.x.shape[1] for s in sets)
-    xs, ms = [], []
-    for s in sets:
-        pad = L - s.x.shape[1]
-        xs.append(np.pad(s.x, ((0, 0), (0, pad), (0, 0))))
-        ms.append(np.pad(s.mask, ((0, 0), (0, pad))))
-    out.x, out.mask = np.concatenate(xs), np.concatenate(ms)
-    out.y = np.concatenate([s.y for s in sets])
-    offsets = np.cumsum([0] + [int(np.max(s.task)) + 1 if len(s.task) else 0 for s in sets[:-1]])
-    out.task = np.concatenate([np.asarray(s.task, dtype=np.int64) + o for s, o in zip(sets, offsets)])
-    return out
 
 
 def _jsonable(obj):

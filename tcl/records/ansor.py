@@ -57,14 +57,14 @@ def parse_line(line: bytes | str, platform: str) -> Record | tuple[str, str]:
         if s.__class__ is not list or not s or s[0] not in _KINDS:
             return "unknown_step_kind", f"step {s!r}"[:120]
     # steps stay as Ansor wrote them (factor lists nested); the featurizer flattens each distinct step once
-    return Record(platform, workload_key, _task_desc(workload_key, target), 1.0, "", raw_steps,
+    return Record(platform, workload_key, _task_desc(workload_key, target), 1.0, "", "{}", raw_steps,
                   [float(c) for c in costs], "ansor")
 
 
 def read_ansor_lines(path: str, lines: Iterable[bytes], platform: str,
                      first_line: int = 1) -> Iterator[Record | Reject]:
     for lineno, line in enumerate(lines, start=first_line):
-        if not line.strip():
+        if not line or line.isspace():  # isspace stops at the first other byte; strip would copy the line
             continue
         out = parse_line(line, platform)
         if isinstance(out, Record):

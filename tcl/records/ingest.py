@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_path
-from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, steps_id, steps_json
+from . import REJECT_REASONS, IngestReport, Record, Reject, gc_paused, read_lines, steps_id, steps_json
 from .ansor import read_ansor_lines
 from .metaschedule import read_database
 
-RECORD_COLUMNS = ("platform", "task_id", "task_desc", "task_weight", "networks", "steps",
-                  "latencies", "latency", "program_id", "source")
+RECORD_COLUMNS = ("platform", "task_id", "task_desc", "task_weight", "networks", "network_weights",
+                  "steps", "latencies", "latency", "program_id", "source")
+# Columns a records file written by an older TCL may lack; readers of the table fall back.
+OPTIONAL_COLUMNS = ("network_weights",)
 
 
 class NoValidRecords(Exception):
@@ -62,12 +64,10 @@ def iter_source(src: str | os.PathLike, platform: str, fmt: str = "auto") -> Ite
 
 
 def _read_ansor_file(path: Path, platform: str) -> Iterator[Record | Reject]:
-    opener = (lambda: __import__("gzip").open(path, "rb")) if path.suffix == ".gz" else (lambda: open(path, "rb"))
     empty = True
-    with opener() as f:
-        for item in read_ansor_lines(str(path), f, platform):
-            empty = False
-            yield item
+    for item in read_ansor_lines(str(path), read_lines(path), platform):
+        empty = False
+        yield item
     if empty:
         yield Reject(str(path), 0, "empty_file", "no records", "")
 
@@ -82,6 +82,7 @@ def records_to_table(records: list[Record]):
         "task_desc": pa.array([r.task_desc for r in records], pa.string()),
         "task_weight": pa.array([r.task_weight for r in records], pa.float64()),
         "networks": pa.array([r.networks for r in records], pa.string()),
+        "network_weights": pa.array([r.network_weights for r in records], pa.string()),
         "steps": pa.array(steps_text, pa.string()),
         "latencies": pa.array([r.latencies for r in records], pa.list_(pa.float64())),
         "latency": pa.array([r.latency for r in records], pa.float64()),
@@ -100,21 +101,27 @@ def ingest(src, platform: str, out: str | os.PathLike, fmt: str = "auto",
     report = IngestReport()
     records: list[Record] = []
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
-    with atomic_path(rejects_path) as tmp_rejects, open(tmp_rejects, "w") as rej, gc_paused():
-        for item in tqdm(iter_source(src, platform, fmt), disable=not progress, unit="rec", desc="ingest"):
-            if isinstance(item, Record):
-                records.append(item)
-            else:
-                report.count(item.reason)
-                rej.write(json.dumps(item._asdict()) + "\n")
-    report.records = len(records)
-    report.tasks = len({r.task_id for r in records})
-    report.rejects_path = str(rejects_path)
-    if not records:
-        reasons = ", ".join(f"{k}={v}" for k, v in sorted(report.rejected.items())) or "nothing read"
-        raise NoValidRecords(f"{src}: no valid records remain ({reasons}); rejects kept in {rejects_path}")
-    with atomic_path(out, suffix=".parquet") as tmp:
-        pq.write_table(records_to_table(records), tmp)
+    # the new rejects replace the old only after the new Parquet has replaced its own: a failed
+    # ingest leaves the previous pair as it was
+    with atomic_path(rejects_path) as tmp_rejects:
+        with open(tmp_rejects, "w") as rej, gc_paused():
+            for item in tqdm(iter_source(src, platform, fmt), disable=not progress, unit="rec", desc="ingest"):
+                if isinstance(item, Record):
+                    records.append(item)
+                else:
+                    report.count(item.reason)
+                    rej.write(json.dumps(item._asdict()) + "\n")
+        report.records = len(records)
+        report.tasks = len({r.task_id for r in records})
+        report.rejects_path = str(rejects_path)
+        if not records:
+            failed = out.with_name(out.name + ".failed-rejects.jsonl")
+            os.replace(tmp_rejects, failed)
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(report.rejected.items())) or "nothing read"
+            raise NoValidRecords(f"{src}: no valid records remain ({reasons}); rejects of this run kept in "
+                                 f"{failed}, {out} left as it was")
+        with atomic_path(out, suffix=".parquet") as tmp:
+            pq.write_table(records_to_table(records), tmp)
     return report
 
 
@@ -123,7 +130,7 @@ def read_records(path: str | os.PathLike):
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    missing = [c for c in RECORD_COLUMNS if c not in table.column_names]
+    missing = [c for c in RECORD_COLUMNS if c not in table.column_names and c not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"{path}: not a TCL records file (missing columns {', '.join(missing)})")
     return table

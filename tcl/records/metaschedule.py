@@ -7,11 +7,15 @@ A trace is `[instructions, decisions]`, an instruction `[kind, inputs, attrs, ou
 a decision `[instruction_index, value]`. Each instruction becomes one step
 `[kind, *numbers_and_strings]`: literal inputs, flattened attrs, and the sampled decision.
 Inputs that name a sampled variable are replaced by its sampled value (a tile size, a
-categorical pick) so a `Split` or `Annotate` step carries the numbers it actually used;
-other variable names (blocks, loops) carry no information and are dropped.
+categorical pick) so a `Split` or `Annotate` step carries the numbers it actually used. A loop
+input becomes its position among the outputs of the instruction that made it (the axis of a
+`GetLoops`, the tile level of a `Split`), like the iterator index of an Ansor step: without it,
+`RFactor` on the outer or the inner loop of a split would be the same step. Block names carry
+no information and are dropped.
 
 Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
-workload's readable name, weight and networks; without it the operator's buffers describe it.
+workload's readable name, weight, networks and occurrences per network (`weights`); without it
+the operator's buffers describe it.
 """
 
 from __future__ import annotations
@@ -23,49 +27,80 @@ from typing import Iterator
 
 import orjson
 
-from . import METASCHEDULE_STEP_KINDS, Record, Reject, check_latencies, loads_lenient
+from . import METASCHEDULE_STEP_KINDS, Record, Reject, check_latencies, loads_lenient, read_lines
 
 _KINDS = frozenset(METASCHEDULE_STEP_KINDS)
 _RV = re.compile(r"^[a-z]\d+$")  # random-variable names: b0 (block), l2 (loop), v5 (expr)
 
 
 def _flatten(value, out: list) -> None:
-    if isinstance(value, list):
-        for v in value:
+    """Append the scalars of a (nested) list to `out`; a quoted string literal loses its quotes."""
+    for v in value:
+        if v.__class__ is list:
             _flatten(v, out)
-    elif isinstance(value, str) and len(value) >= 2 and value[0] == '"' and value[-1] == '"':
-        out.append(value[1:-1])  # a string literal is stored quoted
-    else:
-        out.append(value)
+        elif v.__class__ is str and len(v) >= 2 and v[0] == '"' and v[-1] == '"':
+            out.append(v[1:-1])  # a string literal is stored quoted
+        else:
+            out.append(v)
+
+
+_DROP = object()  # the value of a block variable: it names, it carries no number
+_TILE_KINDS = frozenset(("SamplePerfectTile", "SamplePartitionedTile"))
+_POSITIONS = range(1 << 16)
 
 
 def trace_to_steps(trace) -> list | str:
-    """Steps of a trace, or an error reason string."""
+    """Steps of a trace, or an error reason string.
+
+    Runs once per record on every instruction (~50 a trace): kept to plain loops over lists.
+    """
     insts, decisions = trace[0], trace[1]
     decided = {int(i): d for i, d in decisions}
+    # variable -> its sampled value, a loop's output position, or _DROP for a block
     values: dict[str, object] = {}
+    kinds, flatten, drop, rv, get = _KINDS, _flatten, _DROP, _RV.match, values.get
     steps = []
-    for index, inst in enumerate(insts):
-        kind, inputs, attrs, outputs = inst
-        if kind not in _KINDS:
+    for index, (kind, inputs, attrs, outputs) in enumerate(insts):
+        if kind not in kinds:
             return f"unknown_step_kind:{kind}"
         step = [kind]
         for x in inputs:
-            if isinstance(x, str) and _RV.match(x):
-                if x in values:
-                    step.append(values[x])
-                continue
-            _flatten(x, step)
-        _flatten(attrs, step)
+            if x.__class__ is str:
+                v = get(x)
+                if v is drop:
+                    continue
+                if v is not None:
+                    step.append(v)
+                elif not rv(x):  # a variable never defined here carries nothing either
+                    step.append(x[1:-1] if len(x) >= 2 and x[0] == '"' and x[-1] == '"' else x)
+            elif x.__class__ is list:
+                flatten(x, step)
+            else:
+                step.append(x)
+        for a in attrs:
+            if a.__class__ is list:
+                flatten(a, step)
+            elif a.__class__ is str and len(a) >= 2 and a[0] == '"' and a[-1] == '"':
+                step.append(a[1:-1])
+            else:
+                step.append(a)
+        if outputs:  # an instruction makes variables of one sort: loops, blocks or expressions
+            if outputs[0][:1] == "l":
+                values.update(zip(outputs, _POSITIONS))
+            else:
+                values.update(dict.fromkeys(outputs, drop))
         decision = decided.get(index)
         if decision is not None:
-            _flatten(decision, step)
-            if kind == "SamplePerfectTile" or kind == "SamplePartitionedTile":
+            if decision.__class__ is list:
+                flatten(decision, step)
+            else:
+                step.append(decision)
+            if kind in _TILE_KINDS:
                 for name, v in zip(outputs, decision):
                     values[name] = v
             elif kind == "SampleCategorical":
                 candidates = attrs[0]
-                if isinstance(decision, int) and 0 <= decision < len(candidates):
+                if decision.__class__ is int and 0 <= decision < len(candidates):
                     values[outputs[0]] = candidates[decision]
         steps.append(step)
     return steps
@@ -81,25 +116,28 @@ def _describe_args(args_info) -> str:
 
 def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record | Reject]:
     db_dir = Path(db_dir)
-    wl_path = db_dir / "database_workload.json"
+    wl_path = _existing(db_dir / "database_workload.json")
     rec_path = _existing(db_dir / "database_tuning_record.json")
     meta_path = db_dir / "tasks.json"
     task_meta = orjson.loads(meta_path.read_bytes()) if meta_path.exists() else {}
-    workloads: list[str | None] = []
-    for lineno, line in enumerate(_open_lines(_existing(wl_path)), start=1):
+    workloads: list[tuple | None] = []  # per workload index: (hash, name, desc, weight, networks, weights)
+    for lineno, line in enumerate(_lines(wl_path), start=1):
         try:
-            shash = orjson.loads(line)[0]
-            workloads.append(str(shash))
+            shash = str(orjson.loads(line)[0])
         except (orjson.JSONDecodeError, IndexError, TypeError) as exc:
             workloads.append(None)  # records pointing here are rejected below
             yield Reject(str(wl_path), lineno, "garbled", str(exc)[:120], _raw(line))
+            continue
+        meta = task_meta.get(shash, {})
+        workloads.append((shash, meta.get("name", shash), meta.get("desc"), float(meta.get("weight", 1.0)),
+                          ",".join(meta.get("networks", [])), network_weights_json(meta)))
     any_line = False
-    for lineno, line in enumerate(_open_lines(rec_path), start=1):
-        if not line.strip():
+    for lineno, line in enumerate(_lines(rec_path), start=1):
+        if not line or line.isspace():  # isspace stops at the first other byte; strip would copy the line
             continue
         any_line = True
-        out = _parse_record(line, workloads, task_meta, platform)
-        if isinstance(out, Record):
+        out = _parse_record(line, workloads, platform)
+        if out.__class__ is Record:
             yield out
         else:
             yield Reject(str(rec_path), lineno, out[0], out[1], _raw(line))
@@ -107,7 +145,7 @@ def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record |
         yield Reject(str(rec_path), 0, "empty_file", "no tuning records", "")
 
 
-def _parse_record(line, workloads, task_meta, platform) -> Record | tuple[str, str]:
+def _parse_record(line, workloads, platform) -> Record | tuple[str, str]:
     try:
         obj = loads_lenient(line)
     except ValueError as exc:
@@ -127,14 +165,23 @@ def _parse_record(line, workloads, task_meta, platform) -> Record | tuple[str, s
         steps = trace_to_steps(trace)
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         return "missing_field", f"trace: {type(exc).__name__}: {exc}"[:120]
-    if isinstance(steps, str):
+    if steps.__class__ is str:
         return "unknown_step_kind", steps.split(":", 1)[1]
-    shash = workloads[wl_index]
-    meta = task_meta.get(shash, {})
-    desc = meta.get("desc") or f"ms:{shash[:10]} {_describe_args(args_info)}"
-    return Record(platform, meta.get("name", shash), desc, float(meta.get("weight", 1.0)),
-                  ",".join(meta.get("networks", [])), steps, [float(s) for s in run_secs],
-                  "metaschedule")
+    shash, name, desc, weight, networks, network_weights = workloads[wl_index]
+    return Record(platform, name, desc or f"ms:{shash[:10]} {_describe_args(args_info)}", weight, networks,
+                  network_weights, steps, [float(s) for s in run_secs], "metaschedule")
+
+
+def network_weights_json(meta: dict) -> str:
+    """{network: occurrences in it} of one tasks.json entry, as canonical JSON.
+
+    An entry written before `weights` existed names its networks only; each then gets the
+    task's total weight, which is exact for a task of one network.
+    """
+    weights = meta.get("weights")
+    if not isinstance(weights, dict):
+        weights = {n: meta.get("weight", 1.0) for n in meta.get("networks", [])}
+    return orjson.dumps({str(n): float(w) for n, w in sorted(weights.items())}).decode()
 
 
 def _existing(path: Path) -> Path:
@@ -145,17 +192,10 @@ def _existing(path: Path) -> Path:
     return gz if gz.exists() else path
 
 
-def _open_lines(path: Path):
+def _lines(path: Path):
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing (a MetaSchedule database needs it)")
-    if path.suffix == ".gz":
-        import gzip
-
-        with gzip.open(path, "rb") as f:
-            yield from f
-    else:
-        with open(path, "rb") as f:
-            yield from f
+    return read_lines(path)
 
 
 def _raw(line: bytes) -> str:

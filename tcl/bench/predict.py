@@ -34,39 +34,25 @@ def default_n_features() -> int:
     return Featurizer().n_features
 
 
-def _params(params_path) -> dict:
-    try:
-        import yaml
-
-        from tcl.models.nets import _find_params
-
-        return yaml.safe_load(_find_params(params_path).read_text()) or {}
-    except (OSError, ImportError):
-        return {}
-
-
-def model_for(name: str, n_features: int, params_path: str | os.PathLike = "params.yaml"):
-    """(kind, config, model) for a bench name: ``mamba-kb``, ``mamba-ac``, ``mlp``, ``tlp``
-    (configs from params.yaml ``models``, else the built-in defaults)."""
+def model_for(name: str, n_features: int, params: dict | None = None):
+    """(kind, config, net) for a bench name: ``mamba-kb``, ``mamba-ac``, ``mlp``, ``tlp``
+    (configs from params ``models``, else the built-in defaults)."""
     import torch
 
-    from tcl.models.nets import DEFAULTS, build_model
+    from tcl.models import model_class, model_config, new_model, parse_model_name
 
-    models = _params(params_path).get("models") or {}
-    if name.startswith("mamba"):
-        preset = name.split("-", 1)[1] if "-" in name else "kb"
-        config = dict((models.get("mamba") or {}).get(preset) or {})
-        if not config:
-            if preset != "kb":
-                raise KeyError(f"no Mamba preset {preset!r} in params.yaml")
-            config = {k: DEFAULTS["mamba"][k] for k in ("d_model", "n_layers", "d_state", "expand", "d_conv")}
-        kind = "mamba"
-    elif name in ("mlp", "tlp"):
-        kind, config = name, dict(models.get(name) or {})
-    else:
-        raise ValueError(f"unknown bench model {name!r} (mamba-kb, mamba-ac, mlp, tlp)")
+    kind, preset = parse_model_name(name)
+    try:
+        config = model_config(kind, params or {}, preset)
+    except KeyError:
+        if preset not in (None, model_class(kind).default_preset):
+            raise
+        config = {}  # no params: the kind's built-in defaults (Mamba's are the KB preset's)
     torch.manual_seed(0)
-    return kind, config, build_model(kind, n_features, **config).eval()
+    model = new_model(kind, n_features, config)
+    if not hasattr(model, "net"):
+        raise ValueError(f"{name}: prediction benchmarks time the torch nets (mamba-kb, mamba-ac, mlp, tlp)")
+    return kind, config, model.net.eval()
 
 
 def _rate(fn, items: int, seconds: float) -> float:
@@ -130,7 +116,7 @@ def bench_predict(
     threads: int = 2,
     naive: bool = True,
     onnx: bool = False,
-    params_path: str | os.PathLike = "params.yaml",
+    params: dict | None = None,
 ) -> list[dict]:
     """Programs/s of PyTorch CPU inference per model and batch size, plus baselines.
 
@@ -160,7 +146,7 @@ def bench_predict(
     try:
         peak = matmul_gflops(min(seconds, 1.0))
         for name in kinds:
-            kind, config, model = model_for(name, F, params_path)
+            kind, config, model = model_for(name, F, params)
             fl_full = flops_per_prediction(model, L)
             sess = _onnx_session(model, F, L, threads) if onnx else None
             for b in batch_sizes:
@@ -180,7 +166,7 @@ def bench_predict(
                 if sess is not None:
                     rows[-1]["onnx_programs_per_s"] = onnx_pps
         if naive:
-            kind, config, model = model_for("mamba-kb", F, params_path)
+            kind, config, model = model_for("mamba-kb", F, params)
             model.set_scan_method("ref")
             fl_full = flops_per_prediction(model, L)
             for b in batch_sizes:

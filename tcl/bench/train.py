@@ -64,11 +64,11 @@ def _subset(fs, n: int) -> _Arrays:
 
 
 def _config(name: str, params: dict) -> tuple[str, dict]:
+    from tcl.models import model_config, parse_model_name
+
+    kind, preset = parse_model_name(name)
     models = {**DEFAULT_PARAMS["models"], **(params.get("models") or {})}
-    if name.startswith("mamba"):
-        preset = name.split("-", 1)[1] if "-" in name else "kb"
-        return "mamba", dict((models.get("mamba") or {}).get(preset) or DEFAULT_PARAMS["models"]["mamba"][preset])
-    return name, dict(models.get(name) or {})
+    return kind, model_config(kind, {"models": models}, preset)
 
 
 def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: float, threads: int,
@@ -76,13 +76,13 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
     import torch
 
     from tcl.losses import lambdarank_loss
-    from tcl.models.nets import build_model
+    from tcl.models import new_model
     from tcl.training import tune_malloc
 
     torch.set_num_threads(threads)
     tune_malloc()
     torch.manual_seed(0)
-    model = build_model(kind, data.x.shape[2], **config).to(device)
+    model = new_model(kind, data.x.shape[2], config).net.to(device)
     if scan != "auto" and hasattr(model, "set_scan_method"):
         model.set_scan_method(scan)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -116,13 +116,13 @@ def _bench_net(kind: str, config: dict, data: _Arrays, batch_size: int, lr: floa
 
 
 def _bench_xgb(config: dict, data: _Arrays, threads: int, rounds: int = 10) -> dict:
-    from tcl.models.xgb import XGBCostModel
+    from tcl.models.xgb import XGBModel
 
     full = int(config.get("n_estimators", 200))
     rounds = max(1, min(rounds, full))
-    model = XGBCostModel(config={**config, "n_estimators": rounds}, n_threads=threads)
+    model = XGBModel(data.x.shape[2], config={**config, "n_estimators": rounds}, n_threads=threads)
     t0 = time.perf_counter()
-    model.fit(data)
+    model.boost([data])
     seconds = (time.perf_counter() - t0) * full / rounds
     return {"samples_per_s": len(data) / seconds, "seconds": seconds, "n_params": None, "size_mb": None}
 
@@ -133,6 +133,9 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
     """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape,
     device}. `device` is a torch device for the nets ("cuda" on a GPU); xgb always runs on the CPU. `scan`
     forces the Mamba scan method (tcl.models.mamba: fast, ref, cuda, ...; auto = the block's choice)."""
+    from tcl.models import model_class
+    from tcl.models.nets import NetCostModel
+
     params = params or {}
     train = {**DEFAULT_PARAMS["train"], **(params.get("train") or {})}
     max_len = int((params.get("featurize") or {}).get("max_len", DEFAULT_PARAMS["featurize"]["max_len"]))
@@ -146,14 +149,15 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         kind, config = _config(name, params)
-        if kind == "xgb":
-            r = _bench_xgb(config, data, threads)
-        else:
+        is_net = issubclass(model_class(kind), NetCostModel)
+        if is_net:
             r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
                            device, scan)
+        else:  # boosted trees: rounds, not epochs, timed as one full fit
+            r = _bench_xgb(config, data, threads)
         rows.append({"model": name, "kind": kind, "n_samples": len(data),
                      "shape": list(data.x.shape[1:]), "threads": threads,
-                     "device": "cpu" if kind == "xgb" else str(device), "scan": scan if kind == "mamba" else None, **r,
+                     "device": str(device) if is_net else "cpu", "scan": scan if kind == "mamba" else None, **r,
                      "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
     return rows
 

@@ -1,0 +1,163 @@
+"""A project's own platforms and families: `tcl hardware add|add-family|list` and the merged registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tcl import hardware
+
+from .conftest import fixture_path, run_tcl
+
+TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 1}
+
+
+@pytest.fixture
+def user_registry(tmp_path, monkeypatch):
+    path = tmp_path / "proj" / "hardware.json"
+    monkeypatch.setenv(hardware.USER_REGISTRY_ENV, str(path))
+    return path
+
+
+def _add_my_platform(target=TARGET):
+    """my-fam and my-cpu through the library (the CLI's own test adds them through `tcl`)."""
+    hardware.add_family("my-fam", vendor="Me", architecture="Zen 4 at 1 GHz", isa="x86-64 AVX2")
+    return hardware.add_platform("my-cpu", "my-fam", target=target, threads=1, cpu="my box")
+
+
+def _add_my_platform_with_the_cli(target=TARGET):
+    run_tcl("hardware", "add-family", "my-fam", "--vendor", "Me", "--architecture", "Zen 4 at 1 GHz",
+            "--isa", "x86-64 AVX2")
+    args = ["hardware", "add", "my-cpu", "--family", "my-fam", "--threads", "1", "--cpu", "my box"]
+    if target is not None:
+        args += ["--target", json.dumps(target)]
+    return run_tcl(*args)
+
+
+def test_add_writes_the_user_registry_and_list_shows_its_source(user_registry):
+    proc = _add_my_platform_with_the_cli()
+    assert "added platform my-cpu" in proc.stdout and str(user_registry) in proc.stdout
+    written = json.loads(user_registry.read_text())
+    assert written["families"]["my-fam"] == {"vendor": "Me", "architecture": "Zen 4 at 1 GHz",
+                                             "isa": "x86-64 AVX2"}
+    assert written["platforms"]["my-cpu"]["target"] == TARGET
+    assert written["platforms"]["my-cpu"]["threads"] == 1
+    # the packaged file is untouched: the entry lives only in the project
+    packaged = json.loads((hardware.resources.files("tcl.data") / "hardware.json").read_text())
+    assert "my-cpu" not in packaged["platforms"] and "my-fam" not in packaged["families"]
+
+    listing = json.loads(run_tcl("hardware", "list", "--json").stdout)
+    rows = {r["platform"]: r for r in listing["platforms"]}
+    assert rows["my-cpu"]["defined_in"] == str(user_registry)
+    assert rows["my-cpu"]["family"] == "my-fam" and rows["my-cpu"]["isa"] == "x86-64 AVX2"
+    assert rows["t4"]["defined_in"] == hardware.PACKAGED
+    assert set(rows) == set(packaged["platforms"]) | {"my-cpu"}
+    assert listing["user_registry"] == str(user_registry)
+    text = run_tcl("hardware", "list").stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith("my-cpu "))
+    assert line.split()[-1] == "user" and str(user_registry) in text
+
+    p = hardware.get_platform("my-cpu")
+    assert p.measurable and p.target == TARGET and p.threads == 1 and hardware.family_of("my-cpu") == "my-fam"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["add", "x1", "--family", "no-such-family"], "unknown family 'no-such-family'"),
+    (["add", "x1", "--family", "x86-sse", "--target", '{"kind": "llvm"'], "--target: not valid JSON"),
+    (["add", "x1", "--family", "x86-sse", "--target", '["llvm"]'], "must be a JSON object with a 'kind'"),
+    (["add", "x1", "--family", "x86-sse", "--target", '{"kind": "no-such-kind"}'], "TVM refuses"),
+    (["add", "x1", "--family", "x86-sse", "--threads", "0"], "threads must be a positive integer"),
+    (["add", "t4", "--family", "x86-sse"], "platform 't4' already exists (defined in package)"),
+    (["add", "bad/name", "--family", "x86-sse"], "invalid platform name 'bad/name'"),
+    (["add-family", "x86-sse", "--vendor", "a", "--architecture", "b", "--isa", "c"],
+     "family 'x86-sse' already exists"),
+])
+def test_add_refuses_bad_input_and_leaves_the_registry_as_it_was(user_registry, args, message):
+    _add_my_platform()
+    before = user_registry.read_bytes()
+    proc = run_tcl("hardware", *args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert user_registry.read_bytes() == before
+
+
+def test_a_duplicate_user_platform_is_refused(user_registry):
+    _add_my_platform()
+    before = user_registry.read_bytes()
+    proc = run_tcl("hardware", "add", "my-cpu", "--family", "x86-sse", check=False)
+    assert proc.returncode == 2 and f"platform 'my-cpu' already exists (defined in {user_registry})" in proc.stderr
+    assert user_registry.read_bytes() == before
+
+
+def test_a_broken_user_file_is_named_with_its_line(user_registry):
+    user_registry.parent.mkdir(parents=True)
+    user_registry.write_text('{\n  "platforms": {\n    "a": {"family": "x86-sse",}\n  }\n}\n')
+    proc = run_tcl("hardware", "list", check=False)
+    assert proc.returncode == 1 and f"{user_registry}: line 3: not valid JSON" in proc.stderr
+    # a user entry may not redefine a packaged one: the model of a family must keep its meaning
+    user_registry.write_text(json.dumps({"platforms": {"t4": {"family": "x86-sse"}}}))
+    proc = run_tcl("hardware", "list", check=False)
+    assert proc.returncode == 1 and "platform 't4' is already defined in package" in proc.stderr
+    user_registry.write_text(json.dumps({"platforms": {"b": {"family": "nope"}}}))
+    with pytest.raises(hardware.HardwareRegistryError, match=r"platform 'b': unknown family 'nope'"):
+        hardware.get_platform("b")
+
+
+def test_the_project_root_holds_the_user_registry(tmp_path, monkeypatch):
+    monkeypatch.delenv(hardware.USER_REGISTRY_ENV, raising=False)
+    project = tmp_path / "proj"
+    (project / "data" / "deep").mkdir(parents=True)
+    (project / "params.yaml").write_text("{}\n")
+    run_tcl("hardware", "add", "my-t1", "--family", "x86-sse", cwd=project / "data" / "deep")
+    assert "my-t1" in json.loads((project / "hardware.json").read_text())["platforms"]
+    assert not (project / "data" / "deep" / "hardware.json").exists()
+    assert hardware.project_root(project / "data" / "deep") == project.resolve()
+    monkeypatch.chdir(project / "data")
+    assert hardware.get_platform("my-t1").family == "x86-sse"
+
+
+def test_ingest_split_and_predict_accept_a_user_platform(user_registry, tmp_path):
+    from tcl.export import export_onnx
+    from tcl.features import FeatureSet
+    from tcl.models.checkpoint import save_checkpoint
+    from tcl.models.nets import build_net
+
+    _add_my_platform()
+    records, features = tmp_path / "r.parquet", tmp_path / "f.npz"
+    run_tcl("ingest", fixture_path("metaschedule/conv2d_small"), "--platform", "my-cpu", "--out", records)
+    run_tcl("featurize", records, "--out", features)
+    fs = FeatureSet.load(features)
+    assert fs.platform == "my-cpu" and len(fs) > 0
+    run_tcl("split", features, "--out-dir", tmp_path / "split", "--test-networks", "")
+    assert len(FeatureSet.load(tmp_path / "split" / "train.npz")) + \
+        len(FeatureSet.load(tmp_path / "split" / "valid.npz")) == len(fs)
+
+    import torch
+
+    torch.manual_seed(0)
+    config = {"d_model": 8, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2}
+    model = build_net("mamba", fs.x.shape[2], **config)
+    save_checkpoint(tmp_path / "kb.pt", model, "mamba", config, dict(fs.meta))
+    ours = export_onnx(tmp_path / "kb.pt", tmp_path / "mine.onnx", "my-fam")
+    other = export_onnx(tmp_path / "kb.pt", tmp_path / "other.onnx", "x86-sse")
+    # predict finds the family of the features' platform in the user registry
+    out = json.loads(run_tcl("predict", features, "--model", ours, "--json").stdout)
+    assert out["family"] == "my-fam" and out["n"] == len(fs)
+    proc = run_tcl("predict", features, "--model", other, check=False)
+    assert proc.returncode == 2 and "platform my-cpu is family 'my-fam'" in proc.stderr
+
+
+def test_collect_accepts_a_user_platform(user_registry, tmp_path):
+    _add_my_platform(target=None)
+    proc = run_tcl("collect", "--platform", "my-cpu", "--out", tmp_path / "db", "--workload", "dense_64",
+                   "--trials", "1", check=False)
+    assert proc.returncode != 0 and "'my-cpu' has no TVM target" in proc.stderr
+    run_tcl("hardware", "add", "my-cpu-llvm", "--family", "my-fam", "--target", json.dumps(TARGET))
+    # a tracker nobody listens on: collect resolves the user platform and its target, then stops
+    # before measuring anything
+    proc = run_tcl("collect", "--platform", "my-cpu-llvm", "--out", tmp_path / "db", "--workload", "dense_64",
+                   "--trials", "1", "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k", check=False)
+    assert proc.returncode == 2 and "RPC tracker 127.0.0.1:9 is unreachable" in proc.stderr
+    settings = tmp_path / "db" / "collect.json"
+    assert not settings.exists() or json.loads(settings.read_text())["target"] == TARGET
