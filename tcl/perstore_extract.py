@@ -259,8 +259,14 @@ def _run_units(units: list, workers: int):
         for unit in units:
             yield _extract_unit(unit)
         return
+    import gc
     import multiprocessing
+    from multiprocessing import resource_tracker
 
+    # a spawn pool starts multiprocessing's resource tracker process, which would otherwise
+    # outlive the extraction (until this process exits): stopped below if this call started it
+    tracker = resource_tracker._resource_tracker
+    started_tracker = tracker._fd is None
     # spawn: the workers import TVM themselves; the parent never has (and forks no TVM state)
     pool = multiprocessing.get_context("spawn").Pool(min(workers, len(units)), initializer=_init_worker)
     try:
@@ -269,3 +275,7 @@ def _run_units(units: list, workers: int):
     finally:
         pool.terminate()
         pool.join()
+        del pool
+        if started_tracker:
+            gc.collect()  # the pool's semaphores unregister from the tracker when collected
+            tracker._stop()

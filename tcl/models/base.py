@@ -50,9 +50,9 @@ class CostModel(abc.ABC):
     @classmethod
     def inputs(cls, fs) -> tuple[np.ndarray, np.ndarray]:
         """The arrays of a FeatureSet this kind reads: (x (N, L, F), mask (N, L))."""
-        from tcl.features import FeatureKindError, FeatureSet
+        from tcl.features import FeatureKindError
 
-        if not isinstance(fs, FeatureSet):
+        if not hasattr(fs, "x"):  # e.g. a tcl.perstore.PerStoreSet
             raise FeatureKindError(f"model kind {cls.kind!r} reads step-sequence features (.npz), not "
                                    f"{type(fs).__name__} of platform {fs.platform!r}")
         return fs.x, fs.mask
