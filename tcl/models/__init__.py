@@ -3,11 +3,11 @@
 Every kind implements ``tcl.models.base.CostModel`` (fit / predict / embed / save / load):
 ``mamba``, ``mlp``, ``tlp`` (torch nets, ``nets.py``; the Mamba block in ``mamba.py``) and ``xgb``
 (``xgb.py``) on step sequences; ``xgb-ms`` (``ms_xgb.py``) and ``mlp-tenset`` (``tenset_mlp.py``),
-the baselines as their libraries define them, on MetaSchedule's per-store features. Callers build, load and configure models through the functions here and never
-branch on the kind.
+the baselines as their libraries define them, on MetaSchedule's per-store features. Callers
+build, load and configure models through the functions here and never branch on the kind.
 
-Adding a kind: write a ``CostModel`` subclass in its own module (a kind over other FeatureSet
-arrays overrides ``inputs``) and add one line to ``_KINDS`` below. Its classes are imported on
+Adding a kind: write a ``CostModel`` subclass in its own module (a kind over other features
+overrides ``inputs``, as ``base.PerStoreCostModel`` does) and add one line to ``_KINDS`` below. Its classes are imported on
 first use, so ``import tcl.models`` pulls in neither torch nor xgboost.
 """
 
