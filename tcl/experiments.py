@@ -37,13 +37,28 @@ def _flatten(prefix: str, d: dict) -> dict:
 
 
 def load_sets(paths) -> list:
-    """FeatureSets of `paths`; a file that is not one is a JobError naming the file and reason."""
-    from tcl.features import FeatureFileError, load_feature_set
+    """The feature sets of `paths`: a FeatureSet (step sequences, ``.npz``) or a PerStoreSet
+    (MetaSchedule's per-store rows, ``.perstore.npz``), whichever each file holds; a file that
+    is neither is a JobError naming the file and reason."""
+    from tcl.features import FeatureFileError
+    from tcl.perstore import load_feature_file
 
     try:
-        return [load_feature_set(p) for p in paths]
+        return [load_feature_file(p) for p in paths]
     except FeatureFileError as exc:
         raise JobError(str(exc)) from None
+
+
+def check_inputs(model_cls, paths, sets) -> None:
+    """JobError naming the file when a model kind cannot read a feature set (the other kind of
+    features: ``CostModel.inputs`` refuses it)."""
+    from tcl.features import FeatureKindError
+
+    for path, fs in zip(paths, sets):
+        try:
+            model_cls.inputs(fs)
+        except FeatureKindError as exc:
+            raise JobError(f"{path}: {exc}") from None
 
 
 def evaluate_model(model, sets) -> dict:
@@ -92,6 +107,7 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], par
     for path, fs in zip(data, train_sets):
         if len(fs) == 0:
             raise JobError(f"{path}: no programs to train on")
+    check_inputs(model_class(kind), [*data, *valid, *test], [*train_sets, *valid_sets, *test_sets])
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -100,6 +116,8 @@ def run_train(kind: str, data: list[str], valid: list[str], test: list[str], par
     if init is not None:
         if model_overrides:
             raise JobError("--set changes the model's shape; a warm start (--init) keeps the saved model's config")
+        if not model_class(kind).warm_start:
+            raise JobError(f"{kind} models retrain from scratch (their library's rule): --init has no effect")
         model = load_model(init)
         if model.kind != kind:
             raise JobError(f"--init {init} is a {model.kind} model, not {kind}")

@@ -11,6 +11,7 @@ carry no decision), padded with zeros, plus a mask. Labels are per-task normalis
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 import orjson
@@ -168,16 +170,15 @@ def task_labels(task: np.ndarray, latency: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(y) & (y > 0), y, 0.0).astype(np.float32)
 
 
-@dataclass
-class FeatureSet:
-    """Features, labels and task metadata of one platform's programs."""
+@dataclass(kw_only=True)
+class ProgramLabels:
+    """The labels and task metadata a feature set carries beside its features (FeatureSet here,
+    tcl.perstore.PerStoreSet), and what is done with them alone."""
 
-    x: np.ndarray
-    mask: np.ndarray
-    y: np.ndarray
-    latency: np.ndarray
-    task: np.ndarray
-    program_id: np.ndarray
+    y: np.ndarray            # (N,) float32 = min latency in task / latency, in (0, 1]
+    latency: np.ndarray      # (N,) float64 seconds
+    task: np.ndarray         # (N,) int32 index into tasks
+    program_id: np.ndarray   # (N,) str
     tasks: list
     task_desc: list
     task_weight: np.ndarray  # occurrences over all networks
@@ -198,58 +199,97 @@ class FeatureSet:
     def networks(self) -> list[str]:
         return sorted({n for nets in self.task_networks for n in nets})
 
+
+@dataclass
+class FeatureSet(ProgramLabels):
+    """Step-sequence features, labels and task metadata of one platform's programs."""
+
+    x: np.ndarray     # (N, L, F) float32
+    mask: np.ndarray  # (N, L) bool, True on real steps
+
     def subset(self, index) -> "FeatureSet":
         """Programs at `index`; tasks are re-indexed to those present, labels kept."""
         index = np.asarray(index)
         if index.dtype == bool:
             index = np.flatnonzero(index)
-        used = np.unique(self.task[index])
-        remap = np.full(len(self.tasks), -1, np.int32)
-        remap[used] = np.arange(len(used), dtype=np.int32)
-        return FeatureSet(
-            x=self.x[index], mask=self.mask[index], y=self.y[index], latency=self.latency[index],
-            task=remap[self.task[index]], program_id=self.program_id[index],
-            tasks=[self.tasks[i] for i in used], task_desc=[self.task_desc[i] for i in used],
-            task_weight=self.task_weight[used], task_networks=[self.task_networks[i] for i in used],
-            platform=self.platform, meta=dict(self.meta),
-            task_network_weights=[dict(self.task_network_weights[i]) for i in used],
-        )
+        return FeatureSet(x=self.x[index], mask=self.mask[index], **subset_labels(self, index))
 
     def save(self, path: str | os.PathLike) -> None:
-        with atomic_path(path, suffix=".npz") as tmp:
-            with open(tmp, "wb") as f:
-                np.savez(
-                    f, x=self.x, mask=self.mask, y=self.y, latency=self.latency, task=self.task,
-                    program_id=np.asarray(self.program_id, dtype=str),
-                    tasks=np.asarray(self.tasks, dtype=str), task_desc=np.asarray(self.task_desc, dtype=str),
-                    task_weight=self.task_weight,
-                    task_networks=np.asarray([",".join(n) for n in self.task_networks], dtype=str),
-                    task_network_weights=np.asarray(
-                        [json.dumps(w, sort_keys=True) for w in self.task_network_weights], dtype=str),
-                    platform=np.asarray(self.platform), meta=np.asarray(json.dumps(self.meta, sort_keys=True)),
-                )
+        save_npz(path, {"x": self.x, "mask": self.mask, **label_arrays(self)})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "FeatureSet":
-        try:
-            z = np.load(path, allow_pickle=False)  # never unpickle
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: not a TCL feature file ({exc})") from None
-        with z:
-            required = {"x", "mask", "y", "latency", "task", "tasks", "meta"}
-            if not required <= set(z.files):
-                raise ValueError(f"{path}: not a TCL feature file (missing {sorted(required - set(z.files))})")
-            meta = json.loads(str(z["meta"]))
-            # files written before per-network weights lack the field: each network then gets task_weight
-            network_weights = ([json.loads(s) for s in z["task_network_weights"].tolist()]
-                               if "task_network_weights" in z.files else None)
-            return cls(
-                x=z["x"], mask=z["mask"], y=z["y"], latency=z["latency"], task=z["task"],
-                program_id=z["program_id"], tasks=z["tasks"].tolist(), task_desc=z["task_desc"].tolist(),
-                task_weight=z["task_weight"],
-                task_networks=[[n for n in s.split(",") if n] for s in z["task_networks"].tolist()],
-                platform=str(z["platform"]), meta=meta, task_network_weights=network_weights,
-            )
+        with open_npz(path, ("x", "mask"), "feature file") as z:
+            return cls(x=z["x"], mask=z["mask"], **read_labels(z))
+
+
+# ---------------------------------------------------------------------------------------------
+# the labels and task metadata every feature file carries beside its features (FeatureSet here,
+# tcl.perstore.PerStoreSet): one way to subset, write and read them
+
+LABEL_ARRAYS = ("y", "latency", "task", "tasks", "meta")  # what a feature file must hold besides its features
+
+
+def subset_labels(s, index: np.ndarray) -> dict:
+    """The label fields of programs `index` (an int array) of a feature set `s`, tasks
+    re-indexed to those present: keyword arguments for the set's constructor."""
+    used = np.unique(s.task[index])
+    remap = np.full(len(s.tasks), -1, np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    return dict(
+        y=s.y[index], latency=s.latency[index], task=remap[s.task[index]], program_id=s.program_id[index],
+        tasks=[s.tasks[i] for i in used], task_desc=[s.task_desc[i] for i in used],
+        task_weight=s.task_weight[used], task_networks=[s.task_networks[i] for i in used],
+        platform=s.platform, meta=dict(s.meta),
+        task_network_weights=[dict(s.task_network_weights[i]) for i in used],
+    )
+
+
+def label_arrays(s) -> dict[str, np.ndarray]:
+    """The label fields of a feature set `s` as the arrays its .npz file holds (no objects)."""
+    return dict(
+        y=s.y, latency=s.latency, task=s.task, program_id=np.asarray(s.program_id, dtype=str),
+        tasks=np.asarray(s.tasks, dtype=str), task_desc=np.asarray(s.task_desc, dtype=str),
+        task_weight=s.task_weight,
+        task_networks=np.asarray([",".join(n) for n in s.task_networks], dtype=str),
+        task_network_weights=np.asarray([json.dumps(w, sort_keys=True) for w in s.task_network_weights], dtype=str),
+        platform=np.asarray(s.platform), meta=np.asarray(json.dumps(s.meta, sort_keys=True)),
+    )
+
+
+def read_labels(z) -> dict:
+    """The label fields from an open .npz written with `label_arrays`: constructor keywords."""
+    # files written before per-network weights lack the field: each network then gets task_weight
+    network_weights = ([json.loads(s) for s in z["task_network_weights"].tolist()]
+                       if "task_network_weights" in z.files else None)
+    return dict(
+        y=z["y"], latency=z["latency"], task=z["task"], program_id=z["program_id"],
+        tasks=z["tasks"].tolist(), task_desc=z["task_desc"].tolist(), task_weight=z["task_weight"],
+        task_networks=[[n for n in s.split(",") if n] for s in z["task_networks"].tolist()],
+        platform=str(z["platform"]), meta=json.loads(str(z["meta"])), task_network_weights=network_weights,
+    )
+
+
+def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` as an uncompressed .npz, atomically (temp file + rename)."""
+    with atomic_path(path, suffix=".npz") as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+@contextlib.contextmanager
+def open_npz(path: str | os.PathLike, features: tuple[str, ...], what: str):
+    """An open .npz (never unpickled) holding `features` and the label arrays; ValueError naming
+    the file otherwise. `what` names the kind of file in the error."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a TCL {what} ({exc})") from None
+    with z:
+        required = {*features, *LABEL_ARRAYS}
+        if not required <= set(z.files):
+            raise ValueError(f"{path}: not a TCL {what} (missing {sorted(required - set(z.files))})")
+        yield z
 
 
 def featurize_table(table, max_len: int = 48) -> FeatureSet:
@@ -301,8 +341,26 @@ class FeatureFileError(ValueError):
     """A file that cannot be used as a feature set; the message names the file and the reason."""
 
 
+class FeatureKindError(ValueError):
+    """A feature set of another kind than a model reads (step sequences vs per-store rows)."""
+
+
 def load_feature_set(path: str | os.PathLike) -> FeatureSet:
     """FeatureSet.load with one clear error (FeatureFileError) for anything that is not one."""
+    fs = read_feature_file(path, FeatureSet.load)
+    n = len(fs.y)
+    if fs.x.ndim != 3 or fs.mask.shape != fs.x.shape[:2] or not (len(fs.x) == len(fs.task) == n):
+        raise FeatureFileError(f"{path}: inconsistent arrays (x {fs.x.shape}, mask {fs.mask.shape}, "
+                               f"y {fs.y.shape}, task {fs.task.shape})")
+    return fs
+
+
+T = TypeVar("T")
+
+
+def read_feature_file(path: str | os.PathLike, load: Callable[[Path], T]) -> T:
+    """`load(path)` of a feature file (.npz), with one clear error (FeatureFileError) naming the
+    file and the reason for anything that is not one."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -318,15 +376,10 @@ def load_feature_set(path: str | os.PathLike) -> FeatureSet:
         raise FeatureFileError(f"{path}: not a TCL feature file (.npz, a zip archive); "
                                "make one with `tcl featurize`")
     try:
-        fs = FeatureSet.load(path)
+        return load(path)
     except FeatureFileError:
         raise
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
-        reason = str(exc)  # FeatureSet.load's own errors already name the file
+        reason = str(exc)  # the loaders' own errors already name the file
         raise FeatureFileError(reason if reason.startswith(str(path)) else
                                f"{path}: not a TCL feature file ({type(exc).__name__}: {reason})") from None
-    n = len(fs.y)
-    if fs.x.ndim != 3 or fs.mask.shape != fs.x.shape[:2] or not (len(fs.x) == len(fs.task) == n):
-        raise FeatureFileError(f"{path}: inconsistent arrays (x {fs.x.shape}, mask {fs.mask.shape}, "
-                               f"y {fs.y.shape}, task {fs.task.shape})")
-    return fs

@@ -6,13 +6,17 @@ fixed seed, so no program of a validation or test task is ever trained on.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
-from .features import FeatureSet
+# a FeatureSet or a PerStoreSet (tcl.perstore), anything with their labels and `subset`: the split
+# depends only on the tasks, so sets of the same programs split into the same programs
+Programs = TypeVar("Programs")
 
 
-def split_by_network(fs: FeatureSet, test_networks: list[str], valid_fraction: float = 0.1,
-                     seed: int = 0) -> dict[str, FeatureSet]:
+def split_by_network(fs: Programs, test_networks: list[str], valid_fraction: float = 0.1,
+                     seed: int = 0) -> dict[str, Programs]:
     held = set(test_networks)
     missing = sorted(held - set(fs.networks()))
     if missing:

@@ -110,8 +110,8 @@ def test_serving_imports_neither_torch_nor_mlflow():
 # their imports serve other commands)
 STAGE_CODE = {
     "ingest": ["tcl.cli.data", "tcl.records.ingest", "tcl.hardware"],
-    "featurize": ["tcl.cli.data", "tcl.features"],
-    "split": ["tcl.cli.data", "tcl.split", "tcl.features"],
+    "featurize": ["tcl.cli.data", "tcl.features", "tcl.perstore_extract"],
+    "split": ["tcl.cli.data", "tcl.split", "tcl.features", "tcl.perstore"],
     "train": ["tcl.pipeline", "tcl.experiments", "tcl.hardware", "tcl.config", "tcl.io"],
     "evaluate": ["tcl.pipeline", "tcl.models", "tcl.metrics", "tcl.features", "tcl.hardware", "tcl.config", "tcl.io"],
     "export": ["tcl.cli.lifecycle", "tcl.export", "tcl.registry"],

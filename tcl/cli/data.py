@@ -259,9 +259,18 @@ def ingest(src, platform_name, out, fmt, as_json, progress) -> None:
 @click.argument("records", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .npz feature file.")
 @click.option("--max-len", type=int, default=48, show_default=True, help="Steps kept per program (L).")
+@click.option("--perstore-from", "database", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Also write MetaSchedule's per-store features (OUT's .perstore.npz sibling), from this "
+                   "MetaSchedule database: the one RECORDS was ingested from.")
+@click.option("--workers", type=int, default=2, show_default=True, help="Processes extracting per-store features.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="Reuse per-store features computed for another platform with the same kind of target.")
+@click.option("--progress/--no-progress", default=False)
 @click.option("--json", "as_json", is_flag=True)
-def featurize(records, out, max_len, as_json) -> None:
+def featurize(records, out, max_len, database, workers, cache_dir, progress, as_json) -> None:
     """Turn a records Parquet file into a step-sequence feature set (.npz) with labels."""
+    import time
+
     from ..features import featurize_file
 
     try:
@@ -270,9 +279,31 @@ def featurize(records, out, max_len, as_json) -> None:
         _fail(str(exc), 1)
     summary = {"programs": len(fs), "tasks": len(fs.tasks), "shape": list(fs.x.shape),
                "feature_version": fs.meta["feature_version"], "cropped": int((fs.mask.sum(1) == max_len).sum())}
-    click.echo(json.dumps(summary) if as_json else
-               f"{records}: {len(fs)} programs, {len(fs.tasks)} tasks, features {tuple(fs.x.shape)} "
-               f"({fs.meta['feature_version']}) -> {out}")
+    click.echo(f"{records}: {len(fs)} programs, {len(fs.tasks)} tasks, features {tuple(fs.x.shape)} "
+               f"({fs.meta['feature_version']}) -> {out}", err=as_json)
+    if database:
+        from ..perstore import perstore_path
+        from ..perstore_extract import extract_perstore
+
+        start = time.perf_counter()
+        try:
+            ps, n_cached = extract_perstore(fs, records, database, workers=workers, cache_dir=cache_dir,
+                                            progress=progress)
+        except (ValueError, FileNotFoundError) as exc:
+            _fail(str(exc), 1)
+        seconds = time.perf_counter() - start
+        ps.save(perstore_path(out))
+        summary["perstore"] = {"stores": int(len(ps.stores)), "n_features": ps.meta["n_features"],
+                               "failed": len(ps.meta["failed"]), "cached": n_cached,
+                               "seconds": round(seconds, 2), "programs_per_s": round(len(ps) / max(seconds, 1e-9), 1)}
+        p = summary["perstore"]
+        click.echo(f"per-store features: {p['stores']} stores x {p['n_features']} of {len(ps)} programs "
+                   f"({p['cached']} from the cache, {p['failed']} failed) in {p['seconds']} s, "
+                   f"{p['programs_per_s']} programs/s -> {perstore_path(out)}", err=as_json)
+        for bad in ps.meta["failed"][:5]:
+            click.echo(f"  not extracted: row {bad['row']} ({bad['task']}): {bad['error']}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary))
 
 
 @click.command()
@@ -285,17 +316,29 @@ def featurize(records, out, max_len, as_json) -> None:
 def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
     """Split a feature set into train/valid/test, holding out whole networks for test."""
     from ..features import load_feature_set
+    from ..perstore import load_perstore_set, perstore_path
     from ..split import split_by_network
 
+    networks = [n for n in test_networks.split(",") if n]
+    per_store = perstore_path(features)
     try:
         fs = load_feature_set(features)
-        parts = split_by_network(fs, [n for n in test_networks.split(",") if n], valid_fraction, seed)
+        parts = split_by_network(fs, networks, valid_fraction, seed)
+        # the per-store features beside it are split alike: the same tasks, hence the same programs
+        ps = load_perstore_set(per_store) if per_store.is_file() else None
+        ps_parts = split_by_network(ps, networks, valid_fraction, seed) if ps is not None else {}
     except ValueError as exc:
-        _fail(f"{features}: {exc}" if not str(exc).startswith(features) else str(exc), 1)
+        _fail(str(exc) if str(exc).startswith((features, str(per_store))) else f"{features}: {exc}", 1)
+    if ps is not None and (list(ps.program_id) != list(fs.program_id) or ps.tasks != fs.tasks):
+        _fail(f"{per_store}: its programs are not those of {features}; featurize again", 1)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     summary = {}
     for name, part in parts.items():
         part.save(Path(out_dir) / f"{name}.npz")
+        if name in ps_parts:
+            ps_parts[name].save(perstore_path(Path(out_dir) / f"{name}.npz"))
+        else:  # one left by an earlier split would describe other programs
+            perstore_path(Path(out_dir) / f"{name}.npz").unlink(missing_ok=True)
         summary[name] = {"programs": len(part), "tasks": len(part.tasks), "networks": part.networks()}
     click.echo(json.dumps(summary) if as_json else
                "\n".join(f"{k}: {v['programs']} programs, {v['tasks']} tasks" for k, v in summary.items()))

@@ -74,7 +74,8 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
 @click.command()
 @click.option("--model", "kind", type=click.Choice(KINDS), required=True, help="Model kind.")
 @click.option("--data", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Training FeatureSet (.npz); repeat for several platforms.")
+              help="Training features of the kind the model reads: step sequences (.npz) or, for "
+                   "xgb-ms and mlp-tenset, per-store features (.perstore.npz); repeat for several platforms.")
 @click.option("--valid", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Validation FeatureSet(s) for early stopping on top-1.")
 @click.option("--test", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -121,7 +122,7 @@ def train(kind, data, valid, test, preset, presets_path, params_path, sets, trai
 @click.option("--model", "model_ref", required=True,
               help="Checkpoint file, training output dir, or MLflow URI (models:/..., runs:/...).")
 @click.option("--data", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
-              help="FeatureSet(s) to evaluate on (.npz).")
+              help="Feature set(s) to evaluate on (.npz, or .perstore.npz for the per-store kinds).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), help="Also write the metrics JSON here.")
 @click.option("--label", default=None, help="Name the model in the metrics (`tcl summarize` groups by it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON line last.")
@@ -129,7 +130,7 @@ def evaluate(model_ref, data, out, label, as_json):
     """Top-1/top-5 per held-out network, pairwise accuracy and Spearman of a trained model."""
     import tempfile
 
-    from tcl.experiments import JobError, evaluate_model, load_sets
+    from tcl.experiments import JobError, check_inputs, evaluate_model, load_sets
     from tcl.io import atomic_write_json
     from tcl.models import load_model
 
@@ -144,6 +145,10 @@ def evaluate(model_ref, data, out, label, as_json):
             raise
         except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
             raise click.ClickException(f"cannot load model {model_ref}: {_reason(exc)}") from None
+        try:
+            check_inputs(type(model), data, sets)
+        except JobError as exc:
+            raise click.ClickException(str(exc)) from None
         result = evaluate_model(model, sets)
     result["model"] = model_ref
     result["kind"] = model.kind

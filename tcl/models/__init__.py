@@ -2,11 +2,12 @@
 
 Every kind implements ``tcl.models.base.CostModel`` (fit / predict / embed / save / load):
 ``mamba``, ``mlp``, ``tlp`` (torch nets, ``nets.py``; the Mamba block in ``mamba.py``) and ``xgb``
-(``xgb.py``). Callers build, load and configure models through the functions here and never
-branch on the kind.
+(``xgb.py``) on step sequences; ``xgb-ms`` (``ms_xgb.py``) and ``mlp-tenset`` (``tenset_mlp.py``),
+the baselines as their libraries define them, on MetaSchedule's per-store features. Callers
+build, load and configure models through the functions here and never branch on the kind.
 
-Adding a kind: write a ``CostModel`` subclass in its own module (a kind over other FeatureSet
-arrays overrides ``inputs``) and add one line to ``_KINDS`` below. Its classes are imported on
+Adding a kind: write a ``CostModel`` subclass in its own module (a kind over other features
+overrides ``inputs``, as ``base.PerStoreCostModel`` does) and add one line to ``_KINDS`` below. Its classes are imported on
 first use, so ``import tcl.models`` pulls in neither torch nor xgboost.
 """
 
@@ -31,8 +32,24 @@ def _xgb(kind: str) -> type[CostModel]:
     return XGBModel
 
 
+def _ms_xgb(kind: str) -> type[CostModel]:
+    from tcl.models.ms_xgb import MSXGBModel
+
+    return MSXGBModel
+
+
+def _tenset_mlp(kind: str) -> type[CostModel]:
+    from tcl.models.tenset_mlp import TensetMLPModel
+
+    return TensetMLPModel
+
+
 # kind -> its CostModel class, loaded on first use
-_KINDS = {"mamba": _net, "mlp": _net, "tlp": _net, "xgb": _xgb}
+_KINDS = {
+    "mamba": _net, "mlp": _net, "tlp": _net, "xgb": _xgb,   # step sequences (FeatureSet)
+    "xgb-ms": _ms_xgb,           # MetaSchedule's XGBModel on per-store features (PerStoreSet)
+    "mlp-tenset": _tenset_mlp,   # Tenset's segment-sum MLP on per-store features (PerStoreSet)
+}
 KINDS: tuple[str, ...] = tuple(_KINDS)
 MODEL_FILES = ("model.pt", "model.json")  # what `fit` writes into its output directory
 
@@ -53,8 +70,11 @@ def new_model(kind: str, n_features: int, config: dict | None = None,
 
 
 def parse_model_name(name: str) -> tuple[str, str | None]:
-    """``mamba-kb`` -> (mamba, kb); ``mlp`` -> (mlp, None): the names benchmarks take."""
-    kind, _, preset = name.partition("-")
+    """``mamba-kb`` -> (mamba, kb); ``mlp`` or ``xgb-ms`` -> (its kind, None): the names
+    benchmarks take."""
+    if name in _KINDS:
+        return name, None
+    kind, _, preset = name.rpartition("-") if "-" in name else (name, "", "")
     model_class(kind)
     return kind, preset or None
 

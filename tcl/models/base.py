@@ -7,9 +7,12 @@
     model.save(path); tcl.models.load_model(path)
 
 Callers (training jobs, evaluation, benchmarks, export, the CLI) hold a ``CostModel`` and never
-ask which kind it is. A kind names the FeatureSet arrays it reads in ``inputs``: the step-sequence
-kinds read ``(fs.x, fs.mask)``; a kind over other features (e.g. MetaSchedule's per-store rows)
-overrides ``inputs`` and everything else (training, evaluation, the registry of kinds) follows.
+ask which kind it is. A kind names the arrays of a feature set it reads in ``inputs``: the
+step-sequence kinds read ``(fs.x, fs.mask)`` of a FeatureSet (``<name>.npz``); the per-store
+kinds (``xgb-ms``, ``mlp-tenset``) read a PerStoreSet (``<name>.perstore.npz``, tcl.perstore)
+as its store rows zero-padded per program, ``(x (N, S, 172), mask (N, S))``. Both kinds of set
+carry the same labels, so training, evaluation and metrics take either; handed the other kind,
+``inputs`` raises ``tcl.features.FeatureKindError``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class CostModel(abc.ABC):
     default_preset: str | None = None  # params.yaml models.<kind>.<preset> used when none is given
     file_suffix: str = ".pt"       # what `save` writes
     onnx_export: bool = False      # `to_onnx` is implemented (served by tcl.serving)
+    warm_start: bool = True        # `fit` continues from the current weights (False: it retrains
+                                   # from scratch, as the baselines' own training does)
 
     def __init__(self, n_features: int, config: dict | None = None, feature_meta: dict | None = None):
         self.n_features = int(n_features)
@@ -45,6 +50,11 @@ class CostModel(abc.ABC):
     @classmethod
     def inputs(cls, fs) -> tuple[np.ndarray, np.ndarray]:
         """The arrays of a FeatureSet this kind reads: (x (N, L, F), mask (N, L))."""
+        from tcl.features import FeatureKindError
+
+        if not hasattr(fs, "x"):  # e.g. a tcl.perstore.PerStoreSet
+            raise FeatureKindError(f"model kind {cls.kind!r} reads step-sequence features (.npz), not "
+                                   f"{type(fs).__name__} of platform {fs.platform!r}")
         return fs.x, fs.mask
 
     # -- inference ------------------------------------------------------------------------
@@ -102,3 +112,22 @@ class CostModel(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n_features={self.n_features}, config={self.config})"
+
+
+class PerStoreCostModel(CostModel):
+    """A kind over MetaSchedule's per-store features (tcl.perstore): it reads a PerStoreSet as its
+    padded store rows, of which the first 164 columns (MetaSchedule's default extractor), or all
+    172 with the workload part (config ``workload_features``)."""
+
+    @classmethod
+    def inputs(cls, fs):
+        from tcl.perstore import per_store_inputs
+
+        return per_store_inputs(fs, cls.kind)
+
+    @property
+    def n_columns(self) -> int:
+        """The columns of each store row the model reads."""
+        from tcl.perstore import N_STORE_FEATURES
+
+        return self.n_features if self.config["workload_features"] else min(N_STORE_FEATURES, self.n_features)

@@ -161,43 +161,55 @@ class XGBModel(CostModel):
     # -- persistence ----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> Path:
         """Write the booster as XGBoost JSON (atomic), with kind/config/feature_meta as attributes."""
-        from tcl.io import atomic_path
-
-        if self.booster is None:
-            raise RuntimeError("nothing to save: model is not trained")
-        path = Path(path)
-        if path.suffix != ".json":
-            raise ValueError(f"XGBoost models are saved as .json, got {path}")
-        self.booster.set_attr(
-            tcl_kind=self.kind,
-            tcl_n_features=str(self.n_features),
-            tcl_config=json.dumps(_jsonable(self.config), sort_keys=True),
-            tcl_feature_meta=json.dumps(_jsonable(self.feature_meta), sort_keys=True),
-            tcl_extra=json.dumps(_jsonable({**self.extra, **(extra or {})}), sort_keys=True),
-        )
-        with atomic_path(path, suffix=".json") as tmp:
-            self.booster.save_model(str(tmp))
-        return path
+        return save_booster(self, path, extra)
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_threads: int = 2) -> "XGBModel":
-        import xgboost as xgb
+        return load_booster(cls, path, n_threads)
 
-        booster = xgb.Booster()
-        try:
-            booster.load_model(str(path))
-        except xgb.core.XGBoostError as exc:
-            raise ValueError(f"{path}: not an XGBoost model file ({str(exc).splitlines()[0]})") from None
-        if booster.attr("tcl_kind") != cls.kind:
-            raise ValueError(f"{path} is not a TCL {cls.kind} model (tcl_kind attribute "
-                             f"{booster.attr('tcl_kind')!r})")
-        booster.set_param({"nthread": n_threads})
-        model = cls(int(booster.attr("tcl_n_features") or 0),
-                    config=json.loads(booster.attr("tcl_config") or "{}"),
-                    feature_meta=json.loads(booster.attr("tcl_feature_meta") or "{}"),
-                    booster=booster, n_threads=n_threads)
-        model.extra = json.loads(booster.attr("tcl_extra") or "{}")
-        return model
+
+def save_booster(model, path: str | os.PathLike, extra: dict | None = None) -> Path:
+    """Write `model.booster` as XGBoost JSON (atomically), the model's kind, n_features, config,
+    feature_meta and extra inside as booster attributes: one file is the whole checkpoint."""
+    from tcl.io import atomic_path
+
+    if model.booster is None:
+        raise RuntimeError("nothing to save: model is not trained")
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ValueError(f"XGBoost models are saved as .json, got {path}")
+    model.booster.set_attr(
+        tcl_kind=model.kind,
+        tcl_n_features=str(model.n_features),
+        tcl_config=json.dumps(_jsonable(model.config), sort_keys=True),
+        tcl_feature_meta=json.dumps(_jsonable(model.feature_meta), sort_keys=True),
+        tcl_extra=json.dumps(_jsonable({**model.extra, **(extra or {})}), sort_keys=True),
+    )
+    with atomic_path(path, suffix=".json") as tmp:
+        model.booster.save_model(str(tmp))
+    return path
+
+
+def load_booster(cls, path: str | os.PathLike, n_threads: int = 2):
+    """The `cls` model (constructed as ``cls(n_features, config=, feature_meta=, booster=,
+    n_threads=)``) that `save_booster` wrote to `path`; ValueError for another kind or file."""
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    try:
+        booster.load_model(str(path))
+    except xgb.core.XGBoostError as exc:
+        raise ValueError(f"{path}: not an XGBoost model file ({str(exc).splitlines()[0]})") from None
+    if booster.attr("tcl_kind") != cls.kind:
+        raise ValueError(f"{path} is not a TCL {cls.kind} model (tcl_kind attribute "
+                         f"{booster.attr('tcl_kind')!r})")
+    booster.set_param({"nthread": n_threads})
+    model = cls(int(booster.attr("tcl_n_features") or 0),
+                config=json.loads(booster.attr("tcl_config") or "{}"),
+                feature_meta=json.loads(booster.attr("tcl_feature_meta") or "{}"),
+                booster=booster, n_threads=n_threads)
+    model.extra = json.loads(booster.attr("tcl_extra") or "{}")
+    return model
 
 
 def _round_callback(fn):
