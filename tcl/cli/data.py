@@ -351,19 +351,7 @@ def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> No
               help="Only the first N tasks of dataset.tasks (leave out tasks still being measured).")
 def dataset_pack(params_path: str, out: str, max_tasks: int | None) -> None:
     """Copy the matched programs of the working databases into the bundled dataset (gzip)."""
-    from ..collect.pack import pack
-
-    params = _load_params(params_path)
-    try:
-        work, platforms = params["dataset"]["out"], params["platforms"]
-        only = None if max_tasks is None else set(params["dataset"]["tasks"][:max_tasks])
-    except (KeyError, TypeError):
-        _fail(f"{params_path}: pack needs `dataset.out` and `platforms`", 1)
-    try:
-        summary = pack(work, platforms, out, task_names=only)
-    except (OSError, ValueError) as exc:
-        _fail(f"pack failed, {out} left as it was: {exc}", 1)
-    click.echo(json.dumps(summary, indent=2))
+    _ship("pack", params_path, out, max_tasks=max_tasks)
 
 
 @dataset.command("snapshot")
@@ -371,17 +359,24 @@ def dataset_pack(params_path: str, out: str, max_tasks: int | None) -> None:
 @click.option("--out", default="data/collecting", show_default=True)
 def dataset_snapshot(params_path: str, out: str) -> None:
     """Save every record of the working databases (matched or not), gzip, to resume later."""
+    _ship("snapshot", params_path, out)
+
+
+def _ship(command: str, params_path: str, out: str, max_tasks: int | None = None) -> None:
+    """`dataset pack` (matched programs of the first `max_tasks` tasks) or `dataset snapshot`
+    (every record) of the working databases named by params.yaml."""
     from ..collect.pack import pack
 
     params = _load_params(params_path)
     try:
         work, platforms = params["dataset"]["out"], params["platforms"]
+        only = None if max_tasks is None else set(params["dataset"]["tasks"][:max_tasks])
     except (KeyError, TypeError):
-        _fail(f"{params_path}: snapshot needs `dataset.out` and `platforms`", 1)
+        _fail(f"{params_path}: {command} needs `dataset.out` and `platforms`", 1)
     try:
-        summary = pack(work, platforms, out, matched_only=False)
+        summary = pack(work, platforms, out, matched_only=command == "pack", task_names=only)
     except (OSError, ValueError) as exc:
-        _fail(f"snapshot failed, {out} left as it was: {exc}", 1)
+        _fail(f"{command} failed, {out} left as it was: {exc}", 1)
     click.echo(json.dumps(summary, indent=2))
 
 

@@ -92,18 +92,24 @@ def mobilenet_v2() -> list[Op]:
     return ops
 
 
-def bert(layers: int, hidden: int, heads: int, seq: int = 128) -> list[Op]:
+def self_attention(seq: int, hidden: int, heads: int) -> list[Op]:
+    """Multi-head self-attention over `seq` tokens, its output projection included."""
     head_dim = hidden // heads
+    return [dense(seq, hidden, hidden)] * 3 + [  # Q, K, V
+        Op("batch_matmul", (heads, seq, head_dim, seq)),  # Q·Kᵀ
+        Op("softmax", (heads * seq, seq)),
+        Op("batch_matmul", (heads, seq, seq, head_dim)),  # P·V
+        dense(seq, hidden, hidden),  # attention output
+    ]
+
+
+def bert(layers: int, hidden: int, heads: int, seq: int = 128) -> list[Op]:
+    """BERT encoder (post-norm): attention, norm, feed-forward, norm per layer."""
     ops = [Op("layer_norm", (seq, hidden))]  # embedding layer norm
     for _ in range(layers):
-        ops += [dense(seq, hidden, hidden)] * 3  # Q, K, V
-        ops.append(Op("batch_matmul", (heads, seq, head_dim, seq)))  # Q·Kᵀ
-        ops.append(Op("softmax", (heads * seq, seq)))
-        ops.append(Op("batch_matmul", (heads, seq, seq, head_dim)))  # P·V
-        ops.append(dense(seq, hidden, hidden))  # attention output
+        ops += self_attention(seq, hidden, heads)
         ops.append(Op("layer_norm", (seq, hidden)))
-        ops.append(dense(seq, hidden, hidden * 4))
-        ops.append(dense(seq, hidden * 4, hidden))
+        ops += [dense(seq, hidden, hidden * 4), dense(seq, hidden * 4, hidden)]
         ops.append(Op("layer_norm", (seq, hidden)))
     return ops
 
@@ -111,20 +117,15 @@ def bert(layers: int, hidden: int, heads: int, seq: int = 128) -> list[Op]:
 def vit(layers: int, hidden: int, heads: int, mlp: int, image: int = 224, patch: int = 16) -> list[Op]:
     """Vision transformer (Dosovitskiy et al.): pre-norm encoder blocks over patch tokens + [CLS]."""
     patches = (image // patch) ** 2
-    seq, head_dim = patches + 1, hidden // heads
+    seq = patches + 1
     # The patch embedding is a k=s=16 convolution without padding, i.e. exactly a dense layer over
     # the flattened non-overlapping patches (im2col is a reshape here).
     ops = [dense(patches, patch * patch * 3, hidden)]
     for _ in range(layers):
         ops.append(Op("layer_norm", (seq, hidden)))
-        ops += [dense(seq, hidden, hidden)] * 3  # Q, K, V
-        ops.append(Op("batch_matmul", (heads, seq, head_dim, seq)))  # Q·Kᵀ
-        ops.append(Op("softmax", (heads * seq, seq)))
-        ops.append(Op("batch_matmul", (heads, seq, seq, head_dim)))  # P·V
-        ops.append(dense(seq, hidden, hidden))  # attention output
+        ops += self_attention(seq, hidden, heads)
         ops.append(Op("layer_norm", (seq, hidden)))
-        ops.append(dense(seq, hidden, mlp))
-        ops.append(dense(seq, mlp, hidden))
+        ops += [dense(seq, hidden, mlp), dense(seq, mlp, hidden)]
     ops.append(Op("layer_norm", (seq, hidden)))
     ops.append(dense(1, hidden, 1000))  # classification head on the [CLS] token
     ops.append(Op("softmax", (1, 1000)))
