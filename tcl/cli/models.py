@@ -1,4 +1,4 @@
-"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest}`.
+"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest,sample}`.
 
 A thin layer: the work is in tcl.experiments, tcl.models and tcl.bench. Heavy libraries (torch,
 xgboost, mlflow) are imported inside the commands.
@@ -240,6 +240,29 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
         raise click.ClickException("no MetaSchedule database under data/raw/; pass --metaschedule DIR")
     rows = bench_ingest(ansor_path, dbs, n_records=n_records, workers=workers)
     click.echo(format_rows(rows))
+    if as_json:
+        click.echo(json.dumps(json_safe(rows)))
+
+
+@bench.command("sample")
+@click.option("--sizes", default="10000,100000,1000000", show_default=True, help="Comma-separated pool sizes.")
+@click.option("--ratio", default=0.1, show_default=True, help="Share of each pool to choose.")
+@click.option("--strategy", default="rdu", show_default=True, help="Sampling strategy timed (tcl.sampling.STRATEGIES).")
+@click.option("--rounds", default=3, show_default=True, help="Rounds (no net is retrained between them).")
+@click.option("--params", "params_path", default="params.yaml", show_default=True,
+              help="params.yaml: its sample: settings and featurize.max_len.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
+def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
+    """Seconds and peak memory to choose RATIO of synthetic pools, beside random selection and one
+    K-Means fit measured in the same process (tcl.bench.sample)."""
+    from tcl.bench.sample import bench_sample, format_table
+
+    try:
+        pool_sizes = [int(float(n)) for n in sizes.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
+    rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path))
+    click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))
 
