@@ -67,6 +67,18 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
     raise click.ClickException(f"{ref} holds no TCL model (model.pt, checkpoint.pt or model.json)")
 
 
+def load_model_ref(ref: str, dst_dir: str | os.PathLike):
+    """The CostModel `ref` names (see resolve_model); a ClickException saying why it cannot load."""
+    from tcl.models import load_model
+
+    try:
+        return load_model(resolve_model(ref, dst_dir))
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
+        raise click.ClickException(f"cannot load model {ref}: {_reason(exc)}") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # commands
 
@@ -132,19 +144,13 @@ def evaluate(model_ref, data, out, label, as_json):
 
     from tcl.experiments import JobError, check_inputs, evaluate_model, load_sets
     from tcl.io import atomic_write_json
-    from tcl.models import load_model
 
     try:
         sets = load_sets(data)
     except JobError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-eval-") as tmp:
-        try:
-            model = load_model(resolve_model(model_ref, tmp))
-        except click.ClickException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
-            raise click.ClickException(f"cannot load model {model_ref}: {_reason(exc)}") from None
+        model = load_model_ref(model_ref, tmp)
         try:
             check_inputs(type(model), data, sets)
         except JobError as exc:

@@ -10,7 +10,7 @@ import click
 
 from ..io import json_safe
 from ..sampling import STRATEGIES
-from .models import _params, _reason, resolve_model
+from .models import _params, load_model_ref
 
 
 @click.command()
@@ -30,7 +30,6 @@ from .models import _params, _reason, resolve_model
 def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, out, as_json):
     """Choose RATIO of FEATURES' programs to measure and write them as a feature set."""
     from tcl.features import FeatureFileError, load_feature_set
-    from tcl.models import load_model
     from tcl.sampling import SamplingError
     from tcl.sampling.subset import run_settings, sample_features
 
@@ -47,14 +46,7 @@ def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, out,
     except FeatureFileError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
-        model = None
-        if model_ref is not None:
-            try:
-                model = load_model(resolve_model(model_ref, tmp))
-            except click.ClickException:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
-                raise click.ClickException(f"cannot load model {model_ref}: {_reason(exc)}") from None
+        model = load_model_ref(model_ref, tmp) if model_ref is not None else None
         try:
             subset, selection = sample_features(fs, float(ratio), strategy, params, model=model, rounds=rounds,
                                                 seed=seed, model_ref=model_ref)
