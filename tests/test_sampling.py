@@ -104,21 +104,33 @@ def test_allocate_is_proportional_with_caps():
     assert space.allocate(10, np.array([5, 3, 2]), np.array([9, 9, 9])).tolist() == [5, 3, 2]
     assert space.allocate(10, np.array([5, 3, 2]), np.array([2, 9, 9])).tolist() == [2, 5, 3]
     assert space.allocate(2, np.array([1, 1, 1, 1]), np.array([1, 1, 1, 1])).sum() == 2
+    # two levels: strata 0 (weights 1+1) and 1 (weight 2) share 4 as 2:2, then inside stratum 0 1:1
+    assert space.allocate_nested(4, np.array([1, 1, 2]), np.array([0, 0, 1]), np.array([5, 5, 5])).tolist() == [1, 1, 2]
 
 
 def test_rdu_covers_every_group_and_skips_duplicates():
     fs = blobs(n_blobs=8, per_blob=40)
     group = np.asarray(fs.meta["group"])
-    sel, _, _ = run(fs, "rdu", 8, rounds=1, retrain={"kind": "none"})
+    sel, _, _ = run(fs, "rdu", 8, rounds=1, retrain={"kind": "none"}, stratify="none")
     assert sorted(group[sel.indices].tolist()) == list(range(8))  # one per group
     # exact copies of each program: no copy is chosen while a distinct program remains
     dup = fs.subset(np.repeat(np.arange(len(fs)), 3))
-    sel, _, _ = run(dup, "rdu", 40, rounds=2, retrain={"kind": "none"})
+    sel, _, _ = run(dup, "rdu", 40, rounds=2, retrain={"kind": "none"}, stratify="none")
     originals = sel.indices // 3
     assert len(np.unique(originals)) == 40
     # random selection misses groups at the same budget (the test can tell them apart)
     misses = [len(np.unique(group[run(fs, "random", 8, rounds=1, seed=s)[0].indices])) < 8 for s in range(5)]
     assert any(misses)
+
+
+def test_rdu_stratified_by_task_gives_each_task_its_share():
+    # tasks of 30, 60 and 90 programs: 24 picks -> 4, 8, 12 (hand computation); per round too
+    fs = make_fs(n_tasks=6, per_task=30, seed=9)
+    fs.task = np.asarray([0] * 30 + [1] * 60 + [2] * 90, np.int32)
+    sel, _, _ = run(fs, "rdu", 24, rounds=1, retrain={"kind": "none"}, stratify="task")
+    assert np.bincount(fs.task[sel.indices]).tolist() == [4, 8, 12]
+    sel, _, _ = run(fs, "rdu", 24, rounds=2, retrain={"kind": "none"}, stratify="task")
+    assert np.bincount(fs.task[sel.indices[:12]]).tolist() == [2, 4, 6]
 
 
 def test_cold_start_then_model_backed_uncertainty(one_torch_thread):

@@ -26,6 +26,8 @@ from tcl.sampling.space import rank01
 
 DEFAULTS = {
     "pool_ratio": 0.3,        # the representativeness pass keeps this share of the unchosen programs
+    "stratify": "task",       # task: the budget is spread over the tasks first (in proportion to
+                              # their programs), then over the clusters inside each; none: clusters only
     "weights": {"representativeness": 1.0, "diversity": 1.0, "uncertainty": 1.0},
     "max_clusters": 256,      # K-Means clusters per round: min(round budget, this)
     "embed_dims": 32,         # principal components kept of the (standardised) embedding
@@ -50,6 +52,7 @@ class SampleSettings:
     sections a retrained model is built and trained with."""
 
     pool_ratio: float = DEFAULTS["pool_ratio"]
+    stratify: str = DEFAULTS["stratify"]
     weights: dict = field(default_factory=lambda: dict(DEFAULTS["weights"]))
     max_clusters: int = DEFAULTS["max_clusters"]
     embed_dims: int = DEFAULTS["embed_dims"]
@@ -81,6 +84,8 @@ class SampleSettings:
         retrain["train"] = {**DEFAULTS["retrain"]["train"], **(retrain.get("train") or {})}
         settings = cls(**section, weights={k: float(v) for k, v in weights.items()}, retrain=retrain,
                        models=dict(params.get("models") or {}), train=dict(params.get("train") or {}))
+        if settings.stratify not in ("task", "none"):
+            raise ValueError(f"sample.stratify must be task or none, got {settings.stratify!r}")
         if not 0 < settings.pool_ratio <= 1:
             raise ValueError(f"sample.pool_ratio must be in (0, 1], got {settings.pool_ratio}")
         return settings

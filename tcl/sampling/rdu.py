@@ -4,15 +4,18 @@ Each round, in the current embedding (``tcl.sampling.learner``; the cold embeddi
 model exists):
 
 1. **Representativeness pass** (cheap): K-Means over the unchosen programs with
-   k = min(round budget, ``max_clusters``) clusters; each cluster keeps the ``pool_ratio`` share
-   of its programs nearest its centre (clusters in proportion to their size, so every cluster is
-   in the pool). R = 1 - a program's rank of distance to its centre within its cluster / its size.
+   k = min(round budget, ``max_clusters``) clusters. The cells are the clusters, split by task
+   when ``stratify: task`` (tasks are known before measuring; each task's ranking is learnt from
+   its own programs). Each cell keeps the ``pool_ratio`` share of its programs nearest their
+   centre (shares over the tasks in proportion to their programs, then over each task's cells in
+   proportion to theirs, so every cell is in the pool). R = 1 - a program's rank of distance to
+   its centre within its cell / the cell's size.
 2. **Diversity + uncertainty** choose the round's budget from that pool: the budget is spread
-   over the clusters in proportion to their size; inside a cluster programs are taken greedily
-   by ``w_r·R + w_u·U + w_d·D``, where U is the uncertainty (rank in [0, 1]; 0 when none serves)
-   and D = min(1, distance to the nearest program already chosen in the cluster (this round or
-   earlier) / the cluster's median radius). A program within ``duplicate_radius`` of a chosen one
-   is a near-duplicate and is taken only when nothing else is left.
+   over the cells in the same proportions; inside a cell programs are taken greedily by
+   ``w_r·R + w_u·U + w_d·D``, where U is the uncertainty (rank in [0, 1]; 0 when none serves)
+   and D = min(1, distance to the nearest program already chosen in the cell (this round or
+   earlier) / its cluster's median radius). A program within ``duplicate_radius`` of a chosen
+   one is a near-duplicate and is taken only when nothing else is left.
 
 Time per round O(N·k·d) for the clusters and O(pool·d·budget/k) for the greedy choice; memory
 O(N·d): no pairwise matrix of programs is ever built.
@@ -39,13 +42,18 @@ class RDUSampler(Sampler):
         clusters = view.clusters(min(budget, s.max_clusters), rows=unchosen)
         k = clusters.k
 
-        # 1. representativeness pass: each cluster's programs nearest its centre, pool_ratio of them
-        label = clusters.label[unchosen]
-        members = space.group_by(label, k)
-        sizes = np.bincount(label, minlength=k)
-        keep = space.allocate(max(budget, math.ceil(s.pool_ratio * len(unchosen))), sizes, sizes)
+        # cells: the clusters, split by task when stratified (tasks are known before measuring)
+        label = clusters.label[unchosen].astype(np.int64)
+        stratum = state.pool.task[unchosen].astype(np.int64) if s.stratify == "task" else np.zeros(len(unchosen), np.int64)
+        cells, cell = np.unique(stratum * k + label, return_inverse=True)
+        cell_stratum, cell_cluster = cells // k, cells % k
+        members = space.group_by(cell, len(cells))
+        sizes = np.bincount(cell, minlength=len(cells))
+
+        # 1. representativeness pass: each cell's programs nearest their centre, pool_ratio of them
+        keep = space.allocate_nested(max(budget, math.ceil(s.pool_ratio * len(unchosen))), sizes, cell_stratum, sizes)
         cand_parts, r_parts = [], []
-        for c in range(k):
+        for c in range(len(cells)):
             m = members[c][np.argsort(clusters.dist[unchosen[members[c]]], kind="stable")]
             cand_parts.append(unchosen[m[:keep[c]]])
             r_parts.append(1.0 - np.arange(keep[c]) / max(sizes[c], 1))
@@ -53,19 +61,20 @@ class RDUSampler(Sampler):
         rep = np.concatenate(r_parts)
         self.last_candidates = candidates
 
-        # 2. uncertainty of the pool, then diversity + uncertainty choose per cluster
+        # 2. uncertainty of the pool, then diversity + uncertainty choose per cell
         unc = view.uncertainty(candidates) if w_u > 0 else None
         unc = np.zeros(len(candidates)) if unc is None else unc
         base = w_r * rep + w_u * unc
-        quota = space.allocate(budget, sizes, keep)
-        radius = clusters.radius()
-        chosen_label = clusters.label[state.chosen]
+        quota = space.allocate_nested(budget, sizes, cell_stratum, keep)
+        radius = clusters.radius()[cell_cluster]
+        chosen_key = ((state.pool.task[state.chosen].astype(np.int64) if s.stratify == "task" else 0) * k
+                      + clusters.label[state.chosen])
         offsets = np.concatenate([[0], np.cumsum(keep)])
         picked, picked_d, duplicates = [], [], 0
         for c in np.flatnonzero(quota):
             lo, hi = offsets[c], offsets[c + 1]
             e = emb[candidates[lo:hi]]                                       # (m, d)
-            before = emb[state.chosen[chosen_label == c]]                    # programs of c chosen earlier
+            before = emb[state.chosen[chosen_key == cells[c]]]               # programs of the cell chosen earlier
             dmin = np.full(hi - lo, np.inf, np.float32)
             for a in range(0, len(before), 1024):
                 dmin = np.minimum(dmin, _distances(e, before[a:a + 1024]).min(axis=1))
@@ -86,7 +95,7 @@ class RDUSampler(Sampler):
                 dmin = np.minimum(dmin, np.sqrt(((e - e[j]) ** 2).sum(axis=1)))
         picked = np.asarray(picked, np.int64)
         state.record.update({
-            "pool": int(len(unchosen)), "candidates": int(len(candidates)), "clusters": int(k),
+            "pool": int(len(unchosen)), "candidates": int(len(candidates)), "clusters": int(k), "cells": int(len(cells)),
             "near_duplicates": duplicates,
             "scores": {"representativeness": float(rep[picked].mean()), "diversity": float(np.mean(picked_d)),
                        "uncertainty": float(unc[picked].mean())},

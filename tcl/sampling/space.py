@@ -155,6 +155,20 @@ def allocate(total: int, weight: np.ndarray, cap: np.ndarray) -> np.ndarray:
     return q
 
 
+def allocate_nested(total: int, weight: np.ndarray, stratum: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """`allocate` in two levels: over the strata (in proportion to their summed weight), then
+    inside each stratum over its members."""
+    stratum = np.asarray(stratum, np.int64)
+    n_strata = int(stratum.max()) + 1 if len(stratum) else 0
+    per_stratum = allocate(total, np.bincount(stratum, weights=weight, minlength=n_strata),
+                                          np.bincount(stratum, weights=cap, minlength=n_strata).astype(np.int64))
+    q = np.zeros(len(cap), np.int64)
+    for g, members in enumerate(group_by(stratum, n_strata)):
+        if per_stratum[g]:
+            q[members] = allocate(per_stratum[g], np.asarray(weight)[members], np.asarray(cap)[members])
+    return q
+
+
 def group_by(label: np.ndarray, k: int) -> list[np.ndarray]:
     """Positions of each cluster's members: [positions where label == c for c in range(k)]."""
     order = np.argsort(label, kind="stable")
