@@ -257,3 +257,17 @@ def test_cli_sample_names_a_file_that_is_not_features(tmp_path):
     bad.write_text("hello")
     res = CliRunner().invoke(main, ["sample", str(bad), "--ratio", "0.1", "--out", str(tmp_path / "o.npz")])
     assert res.exit_code == 1 and str(bad) in res.output and "not a TCL feature file" in res.output
+
+
+def test_bench_sample_times_a_small_pool_beside_its_baselines():
+    from tcl.bench.sample import SyntheticSteps, bench_sample, format_table
+
+    # the generated features are the same whatever the reads
+    steps = SyntheticSteps(20_000, 8, 6, seed=1)
+    rows = np.array([3, 9000, 19_999])
+    assert np.array_equal(steps[rows], np.concatenate([steps[8990:9010][[10]], steps[:5][[3]], steps[19_999:]])[[1, 0, 2]])
+    out = bench_sample([3000], ratio=0.1, rounds=2, params={"featurize": {"max_len": 8}})
+    assert out[0]["selected"] == 300 and out[0]["round_sizes"] == [150, 150]
+    assert out[0]["seconds"] > 0 and out[0]["peak_rss_mb"] >= out[0]["rss_before_mb"] > 0
+    assert out[0]["random_seconds"] > 0 and out[0]["kmeans_fit_seconds"] > 0
+    assert "3000" in format_table(out)

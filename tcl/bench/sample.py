@@ -19,9 +19,13 @@ Each pool size runs in a fresh process (its peak resident memory, ``ru_maxrss``,
 
 from __future__ import annotations
 
-import multiprocessing
+import json
+import os
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -129,13 +133,21 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
     n_features = Featurizer(max_len).n_features
     settings = {k: v for k, v in (params.get("sample") or {}).items()
                 if k not in ("strategy", "ratio", "rounds", "seed", "retrain")}
-    ctx = multiprocessing.get_context("spawn")
     rows = []
     for n in sizes:
-        with ctx.Pool(1) as worker:
-            rows.append(worker.apply(_one_size, (int(n), ratio, strategy, rounds, settings, max_len,
-                                                 n_features, seed)))
+        args = [int(n), float(ratio), strategy, int(rounds), settings, max_len, n_features, int(seed)]
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))})
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench sample of {n} programs failed:\n{proc.stderr[-2000:]}")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return rows
+
+
+# one pool size in a fresh interpreter: its peak RSS is then its own
+_CHILD = ("import json, sys; from tcl.bench.sample import _one_size; "
+          "print(json.dumps(_one_size(*json.loads(sys.argv[1]))))")
+_ROOT = str(Path(__file__).resolve().parents[2])  # the tcl package's parent: the child imports this code
 
 
 def format_table(rows: list[dict]) -> str:

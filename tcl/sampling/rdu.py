@@ -47,18 +47,16 @@ class RDUSampler(Sampler):
         stratum = state.pool.task[unchosen].astype(np.int64) if s.stratify == "task" else np.zeros(len(unchosen), np.int64)
         cells, cell = np.unique(stratum * k + label, return_inverse=True)
         cell_stratum, cell_cluster = cells // k, cells % k
-        members = space.group_by(cell, len(cells))
         sizes = np.bincount(cell, minlength=len(cells))
 
         # 1. representativeness pass: each cell's programs nearest their centre, pool_ratio of them
         keep = space.allocate_nested(max(budget, math.ceil(s.pool_ratio * len(unchosen))), sizes, cell_stratum, sizes)
-        cand_parts, r_parts = [], []
-        for c in range(len(cells)):
-            m = members[c][np.argsort(clusters.dist[unchosen[members[c]]], kind="stable")]
-            cand_parts.append(unchosen[m[:keep[c]]])
-            r_parts.append(1.0 - np.arange(keep[c]) / max(sizes[c], 1))
-        candidates = np.concatenate(cand_parts)
-        rep = np.concatenate(r_parts)
+        order = np.lexsort((clusters.dist[unchosen], cell))                  # by cell, nearest first
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        rank = np.arange(len(order)) - starts[cell[order]]                   # rank within its cell
+        kept = rank < keep[cell[order]]
+        candidates = unchosen[order[kept]]                                   # grouped by cell
+        rep = 1.0 - rank[kept] / sizes[cell[order[kept]]]
         self.last_candidates = candidates
 
         # 2. uncertainty of the pool, then diversity + uncertainty choose per cell
@@ -69,12 +67,14 @@ class RDUSampler(Sampler):
         radius = clusters.radius()[cell_cluster]
         chosen_key = ((state.pool.task[state.chosen].astype(np.int64) if s.stratify == "task" else 0) * k
                       + clusters.label[state.chosen])
+        earlier = state.chosen[np.argsort(chosen_key, kind="stable")]        # chosen before, grouped by cell
+        bounds = np.searchsorted(np.sort(chosen_key), np.stack([cells, cells + 1]))
         offsets = np.concatenate([[0], np.cumsum(keep)])
         picked, picked_d, duplicates = [], [], 0
         for c in np.flatnonzero(quota):
             lo, hi = offsets[c], offsets[c + 1]
             e = emb[candidates[lo:hi]]                                       # (m, d)
-            before = emb[state.chosen[chosen_key == cells[c]]]               # programs of the cell chosen earlier
+            before = emb[earlier[bounds[0, c]:bounds[1, c]]]                 # programs of the cell chosen earlier
             dmin = np.full(hi - lo, np.inf, np.float32)
             for a in range(0, len(before), 1024):
                 dmin = np.minimum(dmin, _distances(e, before[a:a + 1024]).min(axis=1))
