@@ -175,6 +175,11 @@ def test_bad_budget_and_reveal_are_refused():
         sampler.select(Pool.from_features(fs), 0, lambda i: fs.latency[i])
     with pytest.raises(SamplingError, match="finite"):
         sampler.select(Pool.from_features(fs), 3, lambda i: np.full(len(i), np.nan))
+    broken = fs.subset(np.arange(len(fs)))
+    broken.x = broken.x.copy()
+    broken.x[4, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="1 of 20 programs have a non-finite embedding .first: row 4"):
+        make_sampler("rdu", settings()).select(Pool.from_features(broken), 3, lambda i: broken.latency[i])
     with pytest.raises(SamplingError, match="unknown sampling strategy"):
         make_sampler("nope")
     with pytest.raises(ValueError, match="unknown sample: keys"):

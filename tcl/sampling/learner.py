@@ -111,6 +111,11 @@ class Learner:
         if self._embedding is None or self._embedding[0] != key:
             raw = (space.model_embedding(model, pool.x, pool.mask) if model is not None
                    else space.cold_embedding(pool.x, pool.mask))
+            bad = ~np.isfinite(raw).all(axis=1)
+            if bad.any():
+                raise ValueError(f"{int(bad.sum())} of {len(raw)} programs have a non-finite "
+                                 f"{'model ' if model is not None else ''}embedding (first: row "
+                                 f"{int(np.flatnonzero(bad)[0])}); fix the features (tcl featurize) first")
             emb = space.project(raw, self.settings.embed_dims, np.random.default_rng([self.seed, 7]),
                                 self.settings.fit_rows)
             self._embedding = (key, emb)
