@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tcl.features import FeatureSet, task_labels
+from tcl.models.base import CostModel
 from tcl.sampling import STRATEGIES, Pool, SampleSettings, SamplingError, make_sampler
 from tcl.sampling import space
 from tcl.sampling.subset import sample_features
@@ -276,3 +277,40 @@ def test_bench_sample_times_a_small_pool_beside_its_baselines():
     assert out[0]["seconds"] > 0 and out[0]["peak_rss_mb"] >= out[0]["rss_before_mb"] > 0
     assert out[0]["random_seconds"] > 0 and out[0]["kmeans_fit_seconds"] > 0
     assert "3000" in format_table(out)
+
+
+class GroupModel(CostModel):
+    """A cost model whose embedding sees what the step features barely show: the group coded in
+    x[:, 0, 0] (one-hot of 6); its scores are all equal (no uncertainty)."""
+
+    kind = "group-test"
+
+    def predict(self, x, mask, dropout=False):
+        return np.zeros(len(x))
+
+    def embed(self, x, mask):
+        return np.eye(6, dtype=np.float32)[np.rint(x[:, 0, 0] * 1000).astype(int)]
+
+    def fit(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def save(self, path, extra=None):
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path):
+        raise NotImplementedError
+
+
+def test_a_given_model_s_embedding_serves_from_the_first_round():
+    fs = make_fs(n_tasks=1, per_task=240, seed=10)
+    group = np.arange(len(fs)) % 6
+    fs.x = fs.x.copy()
+    fs.x[:, :, 0] = np.random.default_rng(0).normal(0, 1, fs.x.shape[:2])  # column 0 is noise...
+    fs.x[:, 0, 0] = group / 1000.0                                         # ...but for a faint group code
+    fs.mask = np.ones_like(fs.mask)
+    kw = {"retrain": {"kind": "none"}, "stratify": "none"}
+    backed, _, _ = run(fs, "rdu", 6, rounds=1, model=GroupModel(F), **kw)
+    cold, _, _ = run(fs, "rdu", 6, rounds=1, **kw)
+    assert sorted(group[backed.indices].tolist()) == list(range(6))   # one program per group
+    assert len(np.unique(group[cold.indices])) < 6                      # the features alone do not tell
