@@ -271,7 +271,8 @@ def test_bench_sample_times_a_small_pool_beside_its_baselines():
     # the generated features are the same whatever the reads
     steps = SyntheticSteps(20_000, 8, 6, seed=1)
     rows = np.array([3, 9000, 19_999])
-    assert np.array_equal(steps[rows], np.concatenate([steps[8990:9010][[10]], steps[:5][[3]], steps[19_999:]])[[1, 0, 2]])
+    pieces = np.concatenate([steps[8990:9010][[10]], steps[:5][[3]], steps[19_999:]])  # rows 9000, 3, 19999
+    assert np.array_equal(steps[rows], pieces[[1, 0, 2]])
     out = bench_sample([3000], ratio=0.1, rounds=2, params={"featurize": {"max_len": 8}})
     assert out[0]["selected"] == 300 and out[0]["round_sizes"] == [150, 150]
     assert out[0]["seconds"] > 0 and out[0]["peak_rss_mb"] >= out[0]["rss_before_mb"] > 0

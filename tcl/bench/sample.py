@@ -136,8 +136,9 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
     rows = []
     for n in sizes:
         args = [int(n), float(ratio), strategy, int(rounds), settings, max_len, n_features, int(seed)]
+        path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
         proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))})
+                              env={**os.environ, "PYTHONPATH": path})
         if proc.returncode != 0:
             raise RuntimeError(f"bench sample of {n} programs failed:\n{proc.stderr[-2000:]}")
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -15,13 +15,15 @@ from .models import _params, load_model_ref
 
 @click.command()
 @click.argument("features", type=click.Path(exists=True, dir_okay=False))
-@click.option("--ratio", type=float, default=None, help="Share of the programs to choose, in (0, 1] (default: sample.ratio).")
+@click.option("--ratio", type=float, default=None,
+              help="Share of the programs to choose, in (0, 1] (default: sample.ratio).")
 @click.option("--strategy", type=click.Choice(list(STRATEGIES)), default=None,
               help="Sampling strategy (default: sample.strategy).")
 @click.option("--model", "model_ref", default=None,
               help="A cost model whose embedding and uncertainty serve from the first round: checkpoint, "
                    "training dir or MLflow URI (models:/..., runs:/...), as `tcl evaluate --model`.")
-@click.option("--rounds", type=int, default=None, help="Rounds of choose -> reveal -> retrain (default: sample.rounds).")
+@click.option("--rounds", type=int, default=None,
+              help="Rounds of choose -> reveal -> retrain (default: sample.rounds).")
 @click.option("--seed", type=int, default=None, help="Seed (default: sample.seed).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml with the sample: section (and models:/train: for retraining).")

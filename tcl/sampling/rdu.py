@@ -44,7 +44,8 @@ class RDUSampler(Sampler):
 
         # cells: the clusters, split by task when stratified (tasks are known before measuring)
         label = clusters.label[unchosen].astype(np.int64)
-        stratum = state.pool.task[unchosen].astype(np.int64) if s.stratify == "task" else np.zeros(len(unchosen), np.int64)
+        stratum = (state.pool.task[unchosen].astype(np.int64) if s.stratify == "task"
+                   else np.zeros(len(unchosen), np.int64))
         cells, cell = np.unique(stratum * k + label, return_inverse=True)
         cell_stratum, cell_cluster = cells // k, cells % k
         sizes = np.bincount(cell, minlength=len(cells))
@@ -95,7 +96,8 @@ class RDUSampler(Sampler):
                 dmin = np.minimum(dmin, np.sqrt(((e - e[j]) ** 2).sum(axis=1)))
         picked = np.asarray(picked, np.int64)
         state.record.update({
-            "pool": int(len(unchosen)), "candidates": int(len(candidates)), "clusters": int(k), "cells": int(len(cells)),
+            "pool": int(len(unchosen)), "candidates": int(len(candidates)), "clusters": int(k),
+            "cells": int(len(cells)),
             "near_duplicates": duplicates,
             "scores": {"representativeness": float(rep[picked].mean()), "diversity": float(np.mean(picked_d)),
                        "uncertainty": float(unc[picked].mean())},
