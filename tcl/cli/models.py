@@ -1,4 +1,4 @@
-"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest}`.
+"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest,sample}`.
 
 A thin layer: the work is in tcl.experiments, tcl.models and tcl.bench. Heavy libraries (torch,
 xgboost, mlflow) are imported inside the commands.
@@ -67,6 +67,18 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
     raise click.ClickException(f"{ref} holds no TCL model (model.pt, checkpoint.pt or model.json)")
 
 
+def load_model_ref(ref: str, dst_dir: str | os.PathLike):
+    """The CostModel `ref` names (see resolve_model); a ClickException saying why it cannot load."""
+    from tcl.models import load_model
+
+    try:
+        return load_model(resolve_model(ref, dst_dir))
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
+        raise click.ClickException(f"cannot load model {ref}: {_reason(exc)}") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # commands
 
@@ -132,19 +144,13 @@ def evaluate(model_ref, data, out, label, as_json):
 
     from tcl.experiments import JobError, check_inputs, evaluate_model, load_sets
     from tcl.io import atomic_write_json
-    from tcl.models import load_model
 
     try:
         sets = load_sets(data)
     except JobError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-eval-") as tmp:
-        try:
-            model = load_model(resolve_model(model_ref, tmp))
-        except click.ClickException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a missing file, a bad checkpoint, an unknown MLflow URI
-            raise click.ClickException(f"cannot load model {model_ref}: {_reason(exc)}") from None
+        model = load_model_ref(model_ref, tmp)
         try:
             check_inputs(type(model), data, sets)
         except JobError as exc:
@@ -240,6 +246,29 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
         raise click.ClickException("no MetaSchedule database under data/raw/; pass --metaschedule DIR")
     rows = bench_ingest(ansor_path, dbs, n_records=n_records, workers=workers)
     click.echo(format_rows(rows))
+    if as_json:
+        click.echo(json.dumps(json_safe(rows)))
+
+
+@bench.command("sample")
+@click.option("--sizes", default="10000,100000,1000000", show_default=True, help="Comma-separated pool sizes.")
+@click.option("--ratio", default=0.1, show_default=True, help="Share of each pool to choose.")
+@click.option("--strategy", default="rdu", show_default=True, help="Sampling strategy timed (tcl.sampling.STRATEGIES).")
+@click.option("--rounds", default=3, show_default=True, help="Rounds (no net is retrained between them).")
+@click.option("--params", "params_path", default="params.yaml", show_default=True,
+              help="params.yaml: its sample: settings and featurize.max_len.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
+def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
+    """Seconds and peak memory to choose RATIO of synthetic pools, beside random selection and one
+    K-Means fit measured in the same process (tcl.bench.sample)."""
+    from tcl.bench.sample import bench_sample, format_table
+
+    try:
+        pool_sizes = [int(float(n)) for n in sizes.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
+    rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path))
+    click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))
 

@@ -1,0 +1,227 @@
+"""The current model's view of a pool (embedding, clusters, uncertainty, predictions) and its
+retraining between rounds: what every model-using strategy reads.
+
+Uncertainty has two sources, each rank-normalised over the programs asked about and averaged:
+
+* MC dropout: the spread (sd) of ``mc_samples`` scores of the current model with its dropout on
+  (``CostModel.predict(..., dropout=True)``); skipped when the model has no active dropout (two
+  probe passes agree), as the paper's KB (dropout 0) has none.
+* Committee disagreement: the sd over ``committee`` ridge regressors, each fitted on a bootstrap
+  resample of the revealed programs (their embedding -> y normalised within each task over the
+  revealed programs). Needs labels, so it serves from the second round on.
+
+With neither (a cold first round, or a dropout-free model before any label) there is no
+uncertainty and RDU chooses by representativeness and diversity alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tcl.sampling import space
+from tcl.sampling.space import rank01
+
+DEFAULTS = {
+    "pool_ratio": 0.5,        # the representativeness pass keeps this share of the unchosen programs
+    "stratify": "task",       # task: the budget is spread over the tasks first (in proportion to
+                              # their programs), then over the clusters inside each; none: clusters only
+    # uncertainty first: on x86-sse-t1 (docs/sampling.md) 0.5/0.5/2 with pool 0.5 beat 1/1/1 with pool 0.3
+    "weights": {"representativeness": 0.5, "diversity": 0.5, "uncertainty": 2.0},
+    "max_clusters": 256,      # K-Means clusters per round: min(round budget, this)
+    "embed_dims": 32,         # principal components kept of the (standardised) embedding
+    "fit_rows": 20000,        # programs that fit the projection and the K-Means centres
+    "duplicate_radius": 0.05,  # closer than this share of its cluster's median radius to a chosen
+                               # program: a near-duplicate, chosen only when nothing else is left
+    "mc_samples": 8,          # MC-dropout score samples per program
+    "committee": 5,           # bootstrap ridge members
+    "committee_min": 8,       # revealed programs needed before the committee votes
+    "balto_factor": 4,        # BALTO: candidates (most uncertain) per program to choose
+    "balto_bias": 1.0,        # BALTO: weight of the predicted throughput in its clustering
+    # the model retrained between rounds: a given model is fine-tuned; without one a fresh model
+    # of `kind` is trained on the revealed programs (`none`: keep the cold embedding, committee only)
+    "retrain": {"kind": "mamba", "preset": None, "train": {"epochs": 10, "batch_size": 64, "lr": 0.002,
+                                                           "patience": 100, "threads": 1}},
+}
+
+
+@dataclass
+class SampleSettings:
+    """The `sample:` section of params.yaml (defaults: DEFAULTS), plus the `models:`/`train:`
+    sections a retrained model is built and trained with."""
+
+    pool_ratio: float = DEFAULTS["pool_ratio"]
+    stratify: str = DEFAULTS["stratify"]
+    weights: dict = field(default_factory=lambda: dict(DEFAULTS["weights"]))
+    max_clusters: int = DEFAULTS["max_clusters"]
+    embed_dims: int = DEFAULTS["embed_dims"]
+    fit_rows: int = DEFAULTS["fit_rows"]
+    duplicate_radius: float = DEFAULTS["duplicate_radius"]
+    mc_samples: int = DEFAULTS["mc_samples"]
+    committee: int = DEFAULTS["committee"]
+    committee_min: int = DEFAULTS["committee_min"]
+    balto_factor: float = DEFAULTS["balto_factor"]
+    balto_bias: float = DEFAULTS["balto_bias"]
+    retrain: dict = field(default_factory=lambda: {**DEFAULTS["retrain"], "train": dict(DEFAULTS["retrain"]["train"])})
+    models: dict = field(default_factory=dict)   # params.yaml models: (configs of retrained kinds)
+    train: dict = field(default_factory=dict)    # params.yaml train:
+
+    @classmethod
+    def from_params(cls, params: dict | None) -> "SampleSettings":
+        """Settings from a params dict (``tcl.config.load_params``); unknown keys raise."""
+        params = params or {}
+        section = dict(params.get("sample") or {})
+        for key in ("strategy", "ratio", "rounds", "seed"):  # the run's own choices, read by callers
+            section.pop(key, None)
+        unknown = set(section) - set(DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown sample: keys {sorted(unknown)} (known: {sorted(DEFAULTS)})")
+        weights = {**DEFAULTS["weights"], **(section.pop("weights", None) or {})}
+        if set(weights) != set(DEFAULTS["weights"]):
+            raise ValueError(f"sample.weights: keys must be {sorted(DEFAULTS['weights'])}, got {sorted(weights)}")
+        retrain = {**DEFAULTS["retrain"], **(section.pop("retrain", None) or {})}
+        retrain["train"] = {**DEFAULTS["retrain"]["train"], **(retrain.get("train") or {})}
+        settings = cls(**section, weights={k: float(v) for k, v in weights.items()}, retrain=retrain,
+                       models=dict(params.get("models") or {}), train=dict(params.get("train") or {}))
+        if settings.stratify not in ("task", "none"):
+            raise ValueError(f"sample.stratify must be task or none, got {settings.stratify!r}")
+        if not 0 < settings.pool_ratio <= 1:
+            raise ValueError(f"sample.pool_ratio must be in (0, 1], got {settings.pool_ratio}")
+        return settings
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in DEFAULTS}
+
+
+class Learner:
+    """Holds what the rounds learn: builds each round's PoolView and retrains between rounds."""
+
+    def __init__(self, settings: SampleSettings, seed: int = 0):
+        self.settings = settings
+        self.seed = int(seed)
+        self._embedding: tuple | None = None  # (model identity, projected embedding), reused while unchanged
+        self.retrained = 0
+
+    def view(self, pool, model, chosen: np.ndarray, latency: np.ndarray, rng: np.random.Generator) -> "PoolView":
+        return PoolView(self, pool, model, chosen, latency, rng)
+
+    def embedding(self, pool, model) -> np.ndarray:
+        key = (id(model), self.retrained)
+        if self._embedding is None or self._embedding[0] != key:
+            raw = (space.model_embedding(model, pool.x, pool.mask) if model is not None
+                   else space.cold_embedding(pool.x, pool.mask))
+            bad = ~np.isfinite(raw).all(axis=1)
+            if bad.any():
+                raise ValueError(f"{int(bad.sum())} of {len(raw)} programs have a non-finite "
+                                 f"{'model ' if model is not None else ''}embedding (first: row "
+                                 f"{int(np.flatnonzero(bad)[0])}); fix the features (tcl featurize) first")
+            emb = space.project(raw, self.settings.embed_dims, np.random.default_rng([self.seed, 7]),
+                                self.settings.fit_rows)
+            self._embedding = (key, emb)
+        return self._embedding[1]
+
+    def retrain(self, pool, model, chosen: np.ndarray, latency: np.ndarray, round_index: int):
+        """The model after training on every revealed program: a given model continues from its
+        weights; without one, a fresh model of ``retrain.kind`` (None when that is ``none``)."""
+        from tcl.models import model_config, new_model
+        from tcl.training import seed_everything, train_model
+
+        kind = str(self.settings.retrain.get("kind") or "none")
+        if model is None and kind == "none":
+            return None
+        train_params = {**self.settings.train, **self.settings.retrain["train"],
+                        "seed": self.seed * 1000 + round_index}
+        seed_everything(int(train_params["seed"]))
+        labelled = pool.labelled_set(chosen, latency)
+        if model is None:
+            config = model_config(kind, {"models": self.settings.models}, self.settings.retrain.get("preset"))
+            model = new_model(kind, labelled.x.shape[2], config, labelled.meta)
+        with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
+            model, _ = train_model(model, labelled, [], train_params, tmp, progress=False, resume=False)
+        self.retrained += 1
+        return model
+
+
+class PoolView:
+    """One round's view of the pool through the current model; everything is computed on first use."""
+
+    def __init__(self, learner: Learner, pool, model, chosen, latency, rng):
+        self.learner, self.pool, self.model = learner, pool, model
+        self.chosen, self.latency, self.rng = chosen, latency, rng
+        self.settings = learner.settings
+        self.uncertainty_source = "none"
+        self._committee = None
+
+    @property
+    def embedding(self) -> np.ndarray:
+        """(N, d) float32: the projected embedding of every program."""
+        return self.learner.embedding(self.pool, self.model)
+
+    def clusters(self, k: int, rows: np.ndarray | None = None, weight: np.ndarray | None = None) -> space.Clusters:
+        seed = int(self.rng.integers(2**31 - 1))
+        return space.kmeans(self.embedding, k, seed, self.settings.fit_rows, weight=weight, rows=rows)
+
+    # -- uncertainty and predictions --------------------------------------------------------
+    def uncertainty(self, index: np.ndarray) -> np.ndarray | None:
+        """(len(index),) in [0, 1], higher = less certain; None when no source serves yet."""
+        parts, names = [], []
+        mc = self._mc_dropout(index)
+        if mc is not None:
+            parts.append(rank01(mc))
+            names.append("mc-dropout")
+        committee = self._committee_predictions(index)
+        if committee is not None:
+            parts.append(rank01(committee.std(axis=0)))
+            names.append("committee")
+        self.uncertainty_source = "+".join(names) or "none"
+        return np.mean(parts, axis=0) if parts else None
+
+    def predicted(self, index: np.ndarray) -> np.ndarray | None:
+        """Predicted throughput score of programs `index` (higher = faster): the model's, else the
+        committee's mean; None when neither exists."""
+        if self.model is not None:
+            return self._predict(index, dropout=False)
+        committee = self._committee_predictions(index)
+        return committee.mean(axis=0) if committee is not None else None
+
+    def _predict(self, index: np.ndarray, dropout: bool, batch: int = 4096) -> np.ndarray:
+        index = np.asarray(index, np.int64)
+        out = [self.model.predict(np.asarray(self.pool.x[index[a:a + batch]]), self.pool.mask[index[a:a + batch]],
+                                  dropout=dropout) for a in range(0, len(index), batch)]
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def _mc_dropout(self, index: np.ndarray) -> np.ndarray | None:
+        if self.model is None or self.settings.mc_samples < 2 or len(index) == 0:
+            return None
+        from tcl.training import seed_everything
+
+        seed_everything(int(self.rng.integers(2**31 - 1)))
+        probe = np.asarray(index[:64])
+        if np.array_equal(self._predict(probe, True), self._predict(probe, True)):
+            return None  # no active dropout: every sample is the same score
+        samples = np.stack([self._predict(index, True) for _ in range(int(self.settings.mc_samples))])
+        return samples.std(axis=0)
+
+    def _committee_predictions(self, index: np.ndarray) -> np.ndarray | None:
+        """(members, len(index)) predictions of the bootstrap ridge committee, or None."""
+        s = self.settings
+        if len(self.chosen) < max(2, s.committee_min) or s.committee < 2:
+            return None
+        if self._committee is None:
+            from tcl.features import task_labels
+
+            emb = self.embedding
+            task = self.pool.task[self.chosen]
+            y = task_labels(task, self.latency).astype(np.float64)   # within-task, over the revealed only
+            z = np.hstack([emb[self.chosen].astype(np.float64), np.ones((len(self.chosen), 1))])
+            rng = np.random.default_rng([int(self.rng.integers(2**31 - 1)), 3])
+            coefs = []
+            for _ in range(int(s.committee)):
+                rows = rng.integers(0, len(z), size=len(z))
+                a = z[rows]
+                coefs.append(np.linalg.solve(a.T @ a + np.eye(a.shape[1]), a.T @ y[rows]))  # ridge, alpha 1
+            self._committee = np.stack(coefs, axis=1)  # (d + 1, members)
+        emb = self.embedding[np.asarray(index, np.int64)]
+        return (emb @ self._committee[:-1] + self._committee[-1]).T.astype(np.float64)

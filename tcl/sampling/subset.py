@@ -1,0 +1,81 @@
+"""A sampled subset of a labelled feature set: what `tcl sample` writes (a FeatureSet, the format
+`tcl train` reads).
+
+The feature set's labels reach the sampler only through `reveal`, for the programs it chose.
+The subset's y is normalised within each task over the chosen programs (what measuring only
+them yields), and its meta records how it was chosen (``meta["sample"]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tcl.sampling import Pool, SampleSettings, SamplingError, Selection, make_sampler
+
+RUN_DEFAULTS = {"strategy": "rdu", "ratio": 0.1, "rounds": 3, "seed": 0}
+
+
+def run_settings(params: dict | None) -> dict:
+    """strategy / ratio / rounds / seed of params.yaml `sample:` (defaults: RUN_DEFAULTS)."""
+    section = (params or {}).get("sample") or {}
+    return {k: section.get(k, v) for k, v in RUN_DEFAULTS.items()}
+
+
+def budget_of(n: int, ratio: float) -> int:
+    """Programs to choose for `ratio` of `n` (at least one)."""
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and 0 < ratio <= 1):
+        raise SamplingError(f"ratio must be in (0, 1], got {ratio}")
+    if n == 0:
+        raise SamplingError("the feature set has no programs to choose from")
+    return max(1, min(n, int(round(ratio * n))))
+
+
+def sample_features(fs, ratio: float, strategy: str, params: dict | None = None, model=None,
+                    rounds: int | None = None, seed: int | None = None, model_ref: str | None = None):
+    """(subset FeatureSet, Selection): `ratio` of `fs`'s programs chosen by `strategy`; `model`
+    (a CostModel) serves embedding and uncertainty from the first round."""
+    run = run_settings(params)
+    rounds = int(run["rounds"] if rounds is None else rounds)
+    seed = int(run["seed"] if seed is None else seed)
+    if rounds < 1:
+        raise SamplingError(f"rounds must be >= 1, got {rounds}")
+    settings = SampleSettings.from_params(params)
+    if model is not None:
+        from tcl.features import FeatureKindError
+
+        try:
+            model.inputs(fs)
+        except FeatureKindError as exc:
+            raise SamplingError(f"sampling reads step features; {exc}") from None
+    budget = budget_of(len(fs), ratio)
+    latency = np.asarray(fs.latency, np.float64)
+
+    def reveal(index: np.ndarray) -> np.ndarray:
+        return latency[index]
+
+    sampler = make_sampler(strategy, settings, seed=seed, rounds=rounds)
+    selection: Selection = sampler.select(Pool.from_features(fs), budget, reveal, model=model)
+    return subset_of(fs, selection, strategy=strategy, ratio=ratio, seed=seed, rounds=rounds,
+                     settings=settings, model_ref=model_ref), selection
+
+
+def subset_of(fs, selection: Selection, **how):
+    """The chosen programs of `fs` (in pool order), y renormalised within each task over them,
+    with ``meta["sample"]`` recording how they were chosen."""
+    from tcl.features import task_labels
+
+    sub = fs.subset(np.sort(selection.indices))
+    sub.y = task_labels(sub.task, sub.latency)
+    settings = how.pop("settings", None)
+    sub.meta["sample"] = {
+        **{k: v for k, v in how.items() if v is not None},
+        "selected": int(len(selection.indices)), "pool": int(len(fs)),
+        "round_sizes": [r["selected"] for r in selection.rounds], "rounds_detail": selection.rounds,
+        "seconds": round(float(selection.seconds), 3),
+        "settings": settings.as_dict() if settings is not None else None,
+        "labels": "y normalised within each task over the chosen programs",
+    }
+    return sub
+
