@@ -22,6 +22,7 @@ _AREAS = {
     "tcl.cli.data": ["ingest", "featurize", "split", "collect", "hardware", "dataset"],
     "tcl.cli.models": ["train", "evaluate", "summarize", "bench"],
     "tcl.cli.lifecycle": ["export", "register", "promote", "models", "predict"],
+    "tcl.cli.continual": ["transfer", "ckd"],
 }
 
 for _module_name, _names in _AREAS.items():
