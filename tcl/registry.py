@@ -208,7 +208,8 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
         raise TclRegistryError(f"eval metrics must be finite (top1={top1}, top5={top5})")
     if not eval_data_hash or not data_hash:
         raise TclRegistryError("eval_data_hash and data_hash are required (see tracking.data_hash)")
-    clash = sorted(set(tags or {}) & {*VERSION_TAGS, "run_id"})
+    extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # `tags` is reused below
+    clash = sorted(set(extra_tags) & {*VERSION_TAGS, "run_id"})
     if clash:
         raise TclRegistryError(f"extra version tags may not replace TCL's own: {', '.join(clash)}")
     ckpt_sha = file_sha256(ckpt)
@@ -273,7 +274,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 "checkpoint_sha256": ckpt_sha,
                 "onnx_sha256": onnx_sha,
                 "kind": str(meta.get("kind", "")),
-                **{str(k): str(v) for k, v in (tags or {}).items()},
+                **extra_tags,
             }
             created_run = None
             if run_id is None:
