@@ -66,7 +66,7 @@ def test_cl_keeps_the_frozen_teacher_bit_identical(tmp_path, one_torch_thread, t
 
 
 def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one_torch_thread, taught_kb):
-    cfg, data = settings(PARAMS), _platform("p1", 1)
+    cfg, data = {**settings(PARAMS), "kd_guard": False}, _platform("p1", 1)
     ac, kb = _model("ac", seed=1), load_model_copy(taught_kb, tmp_path)
     earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
     ac_before, kb_before = _state(ac), _state(kb)
@@ -75,6 +75,29 @@ def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one
     assert not _same(_state(kb), kb_before)
     assert all(r["loss_task"] == 0 and r["loss_ewc"] >= 0 and "loss_distill" in r for r in res["epochs"])
     assert state.platforms == ["p0", "p1"]
+
+
+def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb):
+    cfg, data = settings(PARAMS), _platform("p1", 1)
+    kb = load_model_copy(taught_kb, tmp_path)
+    # validation programs whose measured order is the KB's own: it starts at top-1 = 1, unbeatable
+    valid = data.valid
+    valid.latency = np.exp(-kb.predict_features(valid))
+    valid.y = (np.array([valid.latency[valid.task == t].min() for t in valid.task]) / valid.latency).astype(np.float32)
+    backwards = _negated(load_model_copy(taught_kb, tmp_path))  # an AC that ranks every task backwards
+    earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
+    kb_before = _state(kb)
+    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, TRAIN, tmp_path / "kd")
+    assert res["kept_start"] and _same(_state(kb), kb_before)
+    assert res["start_valid_top1"] == 1.0 and all(r["valid_top1"] < 1.0 for r in res["epochs"])
+    assert state.platforms == ["p0", "p1"]  # the platform is still finished (its Fisher added)
+
+
+def _negated(model):
+    with torch.no_grad():  # the same net with negated scores: it ranks every task backwards
+        model.net.head[-1].weight.neg_()
+        model.net.head[-1].bias.neg_()
+    return model
 
 
 def load_model_copy(model, tmp_path):
@@ -122,10 +145,7 @@ def test_fisher_accumulates_across_two_platforms_and_survives_save_load(tmp_path
 
 def test_phi_falls_for_a_teacher_that_ranks_badly_and_respects_its_floor(tmp_path, one_torch_thread, taught_kb):
     cfg, data = settings(PARAMS), _platform("p1", 1)
-    bad = load_model_copy(taught_kb, tmp_path)
-    with torch.no_grad():  # the same teacher with negated scores: it ranks every task backwards
-        bad.net.head[-1].weight.neg_()
-        bad.net.head[-1].bias.neg_()
+    bad = _negated(load_model_copy(taught_kb, tmp_path))
     good_q, bad_q = teacher_quality(taught_kb, data.train), teacher_quality(bad, data.train)
     assert good_q > 0.3 and bad_q == pytest.approx(-good_q)
     good = cl_phase(_model("ac"), taught_kb, data, [data], cfg, TRAIN, tmp_path / "good")

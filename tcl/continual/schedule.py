@@ -16,7 +16,11 @@ For each platform t of a family, in order (``learn_platform``):
 3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + λ·Σ_i F_i (θ_i − θ*_i)²`` on D_t's training
    programs (tcl.continual.ewc; no EWC term before the first platform is finished), at KD's lower
    learning rate. Early stopping on the mean validation top-1 of every seen platform, so the kept
-   KB is the one that lost least. Then the Fisher information of D_t is added to the KB's state.
+   KB is the one that lost least; with ``kd_guard`` (a KB that already knows platforms), when
+   no KD epoch beats the KB it started from on that mean, the starting KB is kept (measured on
+   the bundled x86-sse data: an AC trained on a 10% subset can rank worse than the KB, and
+   distilling it then only costs the KB). Then the Fisher information of D_t is added to the
+   KB's state.
 
 A teacher is frozen by construction: its scores on D_t are computed once before the phase and
 the phase never touches its weights. Batches never mix platforms (each phase trains on one).
@@ -58,6 +62,7 @@ DEFAULTS = {
     "phi": dict(DEFAULT_PHI),
     "ac_init": "distill",
     "ac_init_epochs": 5,
+    "kd_guard": True,
     "cl": {},
     "kd": {"lr": 1e-4},
 }
@@ -228,13 +233,25 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
         lam = float(cfg["lambda_ewc"])
         extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
     valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
+    start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
+    start_top1 = _mean_top1(kb, valid) if ewc is not None and cfg["kd_guard"] else None
     log = PhaseLog(kb, seen, track=track)
     train_model(kb, [data.train], valid, {**train_params, "loss": "none"}, out_dir, run=log,
                 progress=False, extra_losses=extra)
+    kept = start_top1 is not None and not _mean_top1(kb, valid) > start_top1
+    if kept:  # no KD epoch beat the KB it started from on the seen platforms: keep that one
+        kb.net.load_state_dict(start)
     state = absorb(ewc, kb, estimate_fisher(kb, data.train, train_params), data.platform)
     state.attach(kb)
     kb.feature_meta = {**kb.feature_meta, "platforms": list(state.platforms)}
-    return state, {"epochs": log.rows}
+    return state, {"epochs": log.rows, "kept_start": kept, "start_valid_top1": start_top1}
+
+
+def _mean_top1(model, sets) -> float | None:
+    """Mean validation top-1 over the sets (None without any)."""
+    if not sets:
+        return None
+    return float(np.mean([M.evaluate(model.predict_features(fs), fs)["top1"] for fs in sets]))
 
 
 def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dict, cfg: dict,
@@ -271,6 +288,10 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
                                                    **_flat("train", kd_p)}) as run:
         _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, out_dir / f"{step:02d}-kd-{data.platform}", track)
         report["runs"]["kd"] = run.info.run_id if run else None
+        if run:
+            import mlflow
+
+            mlflow.log_metric("kd_kept_start", float(report["kd"]["kept_start"]))
     return kb, ac, report
 
 
@@ -472,6 +493,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         "start": str(start_ref or start_checkpoint), "sources": [d.platform for d in src],
         "platforms": list(kb.feature_meta.get("platforms") or []), "subset_hash": subset_hash,
         "phi": report["cl"]["phi"], "teacher_quality": report["cl"]["quality"],
+        "kd_kept_start": report["kd"]["kept_start"],
         "sources_top1_before": {p: m["top1"] for p, m in before.items()},
         "sources_top1_after": {p: m["top1"] for p, m in after.items()},
         "target_top1_before": (target_before.get(target.platform) or {}).get("top1"),
