@@ -258,3 +258,29 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     nxt = json.loads(again.stdout.strip().splitlines()[-1])
     assert nxt["start"] == "models:/tcl-kb-x86-sse@candidate" and "Fisher" not in again.stderr
     assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
+
+
+def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, one_torch_thread):
+    from tcl.pipeline import main as pipeline
+
+    names = ["x86-sse-t1", "x86-sse-t2"]
+    for i, name in enumerate(names):
+        d = tmp_path / "splits" / name
+        d.mkdir(parents=True)
+        data = _platform(name, i + 1)
+        data.train.save(d / "train.npz")
+        data.valid.save(d / "valid.npz")
+        data.valid.save(d / "test.npz")
+    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}}  # KD epochs: train's, set below
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**PARAMS, "continual": continual,
+                                                          "families": {"x86-sse": names}}))
+    res = CliRunner().invoke(pipeline, ["ckd", "x86-sse", "--out", str(tmp_path / "kb"), "--loss-plot",
+                                        str(tmp_path / "loss.json"), "--valid-plot", str(tmp_path / "valid.json"),
+                                        "--params", str(tmp_path / "params.yaml"), "--splits",
+                                        str(tmp_path / "splits"), "--epochs", "1"])
+    assert res.exit_code == 0, res.output
+    kb = load_model(tmp_path / "kb")  # what the evaluate / export / register stages read
+    assert kb.config == TINY["kb"] and E.EWCState.from_model(kb).platforms == names
+    loss = json.loads((tmp_path / "loss.json").read_text())
+    assert [r["epoch"] for r in loss] == [0, 1]  # one KD epoch per platform (--epochs 1 over pipeline.train)
+    assert json.loads((tmp_path / "kb" / "mlflow_run.json").read_text())["run_id"] in res.output
