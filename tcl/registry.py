@@ -425,32 +425,15 @@ def resolve_onnx(model_uri: str, dst_dir: str | os.PathLike) -> tuple[Path, dict
 
     Returns (path to model.onnx under `dst_dir`, version info dict).
     """
-    m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", model_uri.strip())
-    if not m:
-        raise TclRegistryError(f"not a registry model URI: {model_uri!r} "
-                               "(expected models:/tcl-kb-<family>@<alias> or /<version>)")
-    name, alias, ver = m.groups()
-    if not name.startswith(PREFIX):
-        raise TclRegistryError(f"{name!r} is not a TCL KB model (names start with {PREFIX!r})")
-    family = name[len(PREFIX):]
-    client = _client()
-    mv = _get_version(client, family, alias or ver)
-    import mlflow
-
-    local = Path(mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst_dir)))
-    found = sorted(local.rglob("*.onnx"))
-    if not found:
-        raise TclRegistryError(f"{name} version {mv.version} has no .onnx file in {mv.source}")
-    info = _version_dict(client, mv)
-    return found[0], info
+    return _version_file(model_uri, dst_dir, "*.onnx", "no .onnx file")
 
 
 def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:
     """The PyTorch checkpoint to continue a family's KB from: `ref` is a checkpoint file or
     training directory, or a ``models:/tcl-kb-<family>@alias`` / ``/<version>`` URI; None means
     the family's registered KB (``@production``, else ``@candidate``). Returns (path, info):
-    info is the version's dict for a registered model, ``{"source": path}`` for a file."""
+    info is the version's dict (with ``model_uri``) for a registered model, ``{"source": path}``
+    for a file."""
     if ref is not None and not str(ref).startswith("models:/"):
         from tcl.models import resolve_model_path
 
@@ -467,23 +450,32 @@ def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> t
             raise TclRegistryError(f"no registered KB to start from: {name} has no "
                                    f"@{alias_serve()} or @{alias_new()} version (give --from)")
         ref = f"models:/{name}@{held[0]}"
-    m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", str(ref).strip())
-    if not m or not m.group(1).startswith(PREFIX):
-        raise TclRegistryError(f"not a registry model URI: {ref!r} "
+    path, info = _version_file(str(ref), dst_dir, "checkpoint.pt", "no checkpoint.pt")
+    info["model_uri"] = str(ref)
+    return path, info
+
+
+def _version_file(model_uri: str, dst_dir: str | os.PathLike, pattern: str, missing: str) -> tuple[Path, dict]:
+    """The first file matching `pattern` among the downloaded artifacts of a registered version
+    (``models:/tcl-kb-<family>@alias`` or ``/<version>``), and the version's info dict."""
+    m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", model_uri.strip())
+    if not m:
+        raise TclRegistryError(f"not a registry model URI: {model_uri!r} "
                                "(expected models:/tcl-kb-<family>@<alias> or /<version>)")
     name, alias, ver = m.groups()
+    if not name.startswith(PREFIX):
+        raise TclRegistryError(f"{name!r} is not a TCL KB model (names start with {PREFIX!r})")
+    family = name[len(PREFIX):]
     client = _client()
-    mv = _get_version(client, name[len(PREFIX):], alias or ver)
+    mv = _get_version(client, family, alias or ver)
     import mlflow
 
     local = Path(mlflow.artifacts.download_artifacts(
         artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst_dir)))
-    found = sorted(local.rglob("checkpoint.pt"))
+    found = sorted(local.rglob(pattern))
     if not found:
-        raise TclRegistryError(f"{name} version {mv.version} carries no checkpoint.pt ({mv.source})")
-    info = _version_dict(client, mv)
-    info["model_uri"] = str(ref)
-    return found[0], info
+        raise TclRegistryError(f"{name} version {mv.version} has {missing} in {mv.source}")
+    return found[0], _version_dict(client, mv)
 
 
 def dumps(obj: Any) -> str:
