@@ -284,3 +284,30 @@ def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, 
     loss = json.loads((tmp_path / "loss.json").read_text())
     assert [r["epoch"] for r in loss] == [0, 1]  # one KD epoch per platform (--epochs 1 over pipeline.train)
     assert json.loads((tmp_path / "kb" / "mlflow_run.json").read_text())["run_id"] in res.output
+
+
+def test_teacher_targets_keep_the_teachers_order_within_each_task_in_0_1():
+    from tcl.continual.distill import teacher_targets
+
+    scores = np.array([3.0, 1.0, 2.0, -5.0, 10.0, 0.0])
+    task = np.array([0, 0, 0, 1, 1, 1])
+    got = teacher_targets(scores, task, sharpness=2.0)
+    for t in (0, 1):  # a hand computation: exp(2 * (z - max z)), z standardised within the task
+        s = scores[task == t]
+        z = (s - s.mean()) / s.std()
+        np.testing.assert_allclose(got[task == t], np.exp(2.0 * (z - z.max())), rtol=1e-6)
+    assert got.max() == 1.0 and got.min() > 0
+    assert teacher_targets(np.array([1.0, 1.0]), np.array([0, 0])).tolist() == [1.0, 1.0]  # a tie: no order
+
+
+def test_a_source_or_starting_kb_of_another_family_warns_and_says_why():
+    from tcl.continual.schedule import family_warnings
+
+    notes = family_warnings("x86-sse", ["znver4-avx512-t1"], ["x86-sse-t1", "x86-avx2-t2", "my-cpu"],
+                            start_family="amd-zen4-avx512")
+    assert len(notes) == 4
+    assert "registered KB of family 'amd-zen4-avx512', not 'x86-sse'" in notes[0]
+    assert "learned platform 'znver4-avx512-t1' of family 'amd-zen4-avx512'" in notes[1]
+    assert "source 'x86-avx2-t2' belongs to family 'x86-avx2'" in notes[2] and "Table 5" in notes[2]
+    assert "'my-cpu' is not in the hardware registry" in notes[3]
+    assert family_warnings("x86-sse", ["x86-sse-t1"], ["x86-sse-t2"]) == []
