@@ -11,6 +11,8 @@
   constants (no gradient flows through the ranks). Normalised by the number of pairs so the scale
   does not grow with batch size.
 * `mse_loss`: mean squared error of the score against y (normalised throughput in (0, 1]).
+* `no_loss` (``none``): zero; the labels are not used and only a job's extra loss terms train
+  (the KD phase of continual learning: the KB learns from the AC's scores alone).
 
 Rows whose label is not finite are ignored by both.
 """
@@ -69,7 +71,12 @@ def mse_loss(scores: torch.Tensor, y: torch.Tensor, task: torch.Tensor | None = 
     return torch.mean((scores[keep] - y[keep].to(scores.dtype)) ** 2)
 
 
-LOSSES = {"lambdarank": lambdarank_loss, "mse": mse_loss}
+def no_loss(scores: torch.Tensor, y: torch.Tensor | None = None, task: torch.Tensor | None = None) -> torch.Tensor:
+    """Zero, with the graph of `scores` (so a job whose only terms are extra losses still trains)."""
+    return scores.sum() * 0.0
+
+
+LOSSES = {"lambdarank": lambdarank_loss, "mse": mse_loss, "none": no_loss}
 
 
 def get_loss(name: str):

@@ -6,6 +6,7 @@ DVC cannot expand a list into a command line or into ``deps``, so each family st
 dvc.yaml is one call of this module with the family name::
 
     python -m tcl.pipeline train    amd-zen4-avx512 --out models/amd-zen4-avx512 ...
+    python -m tcl.pipeline ckd      amd-zen4-avx512 --out models/amd-zen4-avx512 ...   # CKD KB
     python -m tcl.pipeline evaluate amd-zen4-avx512 --model models/amd-zen4-avx512 ...
     python -m tcl.pipeline register amd-zen4-avx512 --checkpoint ... --onnx ... --metrics ...
     python -m tcl.pipeline profile-args params-paper.yaml   # -S flags for `dvc exp run`
@@ -145,6 +146,31 @@ def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
     return summary
 
 
+def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_path: str = "params.yaml",
+               splits_dir: str = SPLITS_DIR, train_overrides: dict | None = None) -> dict:
+    """The family's KB through continual knowledge distillation over its platforms, in the order
+    of ``families:`` (tcl.continual.schedule.run_schedule: per platform AC start, CL, KD; one
+    MLflow parent run, a nested run per phase). `train_overrides` (the stage's command line) go
+    over ``pipeline.train``. The plots are the KD phases' epochs, one after another."""
+    from tcl.continual.schedule import ContinualError, load_platform, run_schedule
+    from tcl.io import atomic_write_json
+
+    params = load_params(params_path)
+    platforms = family_platforms(family, params)
+    split_files(platforms, "train", splits_dir)  # a clear error when a split is missing
+    pipe = dict(params.get("pipeline") or {})
+    params = {**params, "pipeline": {**pipe, "train": {**(pipe.get("train") or {}), **(train_overrides or {})}}}
+    try:
+        summary = run_schedule(family, [load_platform(p, splits_dir) for p in platforms], params, out)
+    except ContinualError as exc:
+        raise click.ClickException(str(exc)) from None
+    rows = [r for report in summary["per_platform"] for r in report["kd"]["epochs"]]
+    loss, valid = learning_curves([{**r, "epoch": i} for i, r in enumerate(rows)])
+    atomic_write_json(loss_plot, loss)
+    atomic_write_json(valid_plot, valid)
+    return summary
+
+
 def evaluate_family(family: str, model: str, out: str, plot: str, params_path: str = "params.yaml",
                     splits_dir: str = SPLITS_DIR) -> dict:
     """Held-out metrics of the family's model on each platform's test split.
@@ -274,6 +300,27 @@ def train_cmd(ctx, family, out, loss_plot, valid_plot, preset, experiment, param
     keys = [k for k in sorted(s) if k.startswith(("best_valid_", "test_")) or k in ("best_epoch", "epochs_run")]
     click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
                "  ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}" for k in keys))
+
+
+@main.command("ckd", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("family")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output dir (model.pt = the KB)")
+@click.option("--loss-plot", required=True, type=click.Path(dir_okay=False),
+              help="per-epoch KD train loss JSON")
+@click.option("--valid-plot", required=True, type=click.Path(dir_okay=False),
+              help="per-epoch KD validation top-1/top-5 JSON")
+@_params_opt
+@_splits_opt
+@click.pass_context
+def ckd_cmd(ctx, family, out, loss_plot, valid_plot, params_path, splits_dir):
+    """FAMILY's KB through the CL/KD schedule over its platforms (continual: in params.yaml).
+
+    Extra ``--KEY VALUE`` arguments set ``train:`` values over ``pipeline.train``.
+    """
+    s = ckd_family(family, out, loss_plot, valid_plot, params_path, splits_dir,
+                   train_overrides=parse_train_args(ctx.args))
+    click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
+               "  ".join(f"{p}_top1={m['top1']:.4g}" for p, m in s["kb_held_out"].items()))
 
 
 @main.command("evaluate")

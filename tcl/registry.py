@@ -177,7 +177,8 @@ def _alias_holder(client, name: str, alias: str):
 
 def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list[str] | str,
                 run_id: str | None, eval_metrics: dict, eval_data_hash: str, data_hash: str,
-                onnx_path: str | os.PathLike | None = None, alias: str | None = None) -> int:
+                onnx_path: str | os.PathLike | None = None, alias: str | None = None,
+                tags: dict[str, str] | None = None) -> int:
     """Log the KB checkpoint + its ONNX export to `run_id` and register it as ``tcl-kb-<family>``
     with `alias` (default: params ``registry.alias_new``, i.e. ``candidate``).
 
@@ -185,7 +186,8 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
     `run_id` is None a run is created in the ``tcl-registry`` experiment. Registering a checkpoint
     that is already registered (same sha256, same run when `run_id` is given, and the same ONNX
     file when `onnx_path` is given) returns the existing version and logs nothing; a new export
-    of a registered checkpoint (a newer exporter, say) becomes a new version.
+    of a registered checkpoint (a newer exporter, say) becomes a new version. `tags`: more version
+    tags (e.g. a transfer's sources, target and subset hash); they cannot replace the ones above.
     """
     ckpt = Path(checkpoint_path)
     if not ckpt.is_file():
@@ -206,6 +208,10 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
         raise TclRegistryError(f"eval metrics must be finite (top1={top1}, top5={top5})")
     if not eval_data_hash or not data_hash:
         raise TclRegistryError("eval_data_hash and data_hash are required (see tracking.data_hash)")
+    extra_tags = {str(k): str(v) for k, v in (tags or {}).items()}  # `tags` is reused below
+    clash = sorted(set(extra_tags) & {*VERSION_TAGS, "run_id"})
+    if clash:
+        raise TclRegistryError(f"extra version tags may not replace TCL's own: {', '.join(clash)}")
     ckpt_sha = file_sha256(ckpt)
     # an existing file is hashed once: it identifies the version below and is tagged with it
     given_onnx_sha = (file_sha256(Path(onnx_path))
@@ -268,6 +274,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 "checkpoint_sha256": ckpt_sha,
                 "onnx_sha256": onnx_sha,
                 "kind": str(meta.get("kind", "")),
+                **extra_tags,
             }
             created_run = None
             if run_id is None:
@@ -418,6 +425,39 @@ def resolve_onnx(model_uri: str, dst_dir: str | os.PathLike) -> tuple[Path, dict
 
     Returns (path to model.onnx under `dst_dir`, version info dict).
     """
+    return _version_file(model_uri, dst_dir, "*.onnx", "no .onnx file")
+
+
+def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:
+    """The PyTorch checkpoint to continue a family's KB from: `ref` is a checkpoint file or
+    training directory, or a ``models:/tcl-kb-<family>@alias`` / ``/<version>`` URI; None means
+    the family's registered KB (``@production``, else ``@candidate``). Returns (path, info):
+    info is the version's dict (with ``model_uri``) for a registered model, ``{"source": path}``
+    for a file."""
+    if ref is not None and not str(ref).startswith("models:/"):
+        from tcl.models import resolve_model_path
+
+        try:
+            return resolve_model_path(ref), {"source": str(ref)}
+        except FileNotFoundError as exc:
+            raise TclRegistryError(str(exc)) from None
+    if ref is None:
+        client = _client()
+        name = model_name(family)
+        held = [a for a in (alias_serve(), alias_new())
+                if _registered(client, name) and _alias_holder(client, name, a) is not None]
+        if not held:
+            raise TclRegistryError(f"no registered KB to start from: {name} has no "
+                                   f"@{alias_serve()} or @{alias_new()} version (give --from)")
+        ref = f"models:/{name}@{held[0]}"
+    path, info = _version_file(str(ref), dst_dir, "checkpoint.pt", "no checkpoint.pt")
+    info["model_uri"] = str(ref)
+    return path, info
+
+
+def _version_file(model_uri: str, dst_dir: str | os.PathLike, pattern: str, missing: str) -> tuple[Path, dict]:
+    """The first file matching `pattern` among the downloaded artifacts of a registered version
+    (``models:/tcl-kb-<family>@alias`` or ``/<version>``), and the version's info dict."""
     m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", model_uri.strip())
     if not m:
         raise TclRegistryError(f"not a registry model URI: {model_uri!r} "
@@ -432,11 +472,10 @@ def resolve_onnx(model_uri: str, dst_dir: str | os.PathLike) -> tuple[Path, dict
 
     local = Path(mlflow.artifacts.download_artifacts(
         artifact_uri=f"models:/{name}/{mv.version}", dst_path=str(dst_dir)))
-    found = sorted(local.rglob("*.onnx"))
+    found = sorted(local.rglob(pattern))
     if not found:
-        raise TclRegistryError(f"{name} version {mv.version} has no .onnx file in {mv.source}")
-    info = _version_dict(client, mv)
-    return found[0], info
+        raise TclRegistryError(f"{name} version {mv.version} has {missing} in {mv.source}")
+    return found[0], _version_dict(client, mv)
 
 
 def dumps(obj: Any) -> str:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 DEFAULT_TRAIN = {
     "seed": 0,
-    "loss": "lambdarank",   # lambdarank | mse
+    "loss": "lambdarank",   # lambdarank | mse | none (only the extra loss terms train)
     "lr": 7e-4,
     "warmup_epochs": 1,
     "schedule": "cosine",   # cosine | step (x0.1 every `step_epochs`)
@@ -241,6 +241,7 @@ class Batch:
     task: "torch.Tensor"  # (B,) int64
     platform: int         # index into the training sets
     rows: np.ndarray      # row indices into that FeatureSet
+    epoch: int = 0        # 0-based epoch (a term that changes over training is a function of it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +338,7 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
                           mask=torch.from_numpy(np.ascontiguousarray(ms[idx], dtype=bool)),
                           y=torch.from_numpy(np.ascontiguousarray(fs.y[idx], dtype=np.float32)),
                           task=torch.from_numpy(np.ascontiguousarray(fs.task[idx], dtype=np.int64)),
-                          platform=si, rows=idx)
+                          platform=si, rows=idx, epoch=epoch)
 
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps_per_epoch, p)

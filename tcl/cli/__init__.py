@@ -23,6 +23,7 @@ _AREAS = {
     "tcl.cli.models": ["train", "evaluate", "summarize", "bench"],
     "tcl.cli.lifecycle": ["export", "register", "promote", "models", "predict"],
     "tcl.cli.sampling": ["sample"],
+    "tcl.cli.continual": ["transfer", "ckd"],
 }
 
 for _module_name, _names in _AREAS.items():

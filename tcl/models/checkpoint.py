@@ -7,6 +7,9 @@ A checkpoint file holds a dict of
 * ``info_json`` -- one JSON string: ``kind``, ``n_features``, ``config`` (the ``build_model``
   keyword arguments), ``feature_meta`` (featurizer version, max_len, n_features, vocab, ...),
   ``extra`` (anything JSON-able the caller adds: epoch, metrics, run id), ``torch_version``.
+* ``aux_tensors`` -- optional: named tensors that travel with the weights but are not the net's
+  (continual learning's EWC Fisher information and anchor, tcl.continual.ewc); older readers
+  ignore the key.
 
 Nothing is pickled: ``read_checkpoint`` returns the tensors and the info; the net is rebuilt
 from them by ``tcl.models.nets.load_checkpoint`` (tensors loaded strictly).  Writes are atomic (temp file + rename, ``tcl.io.atomic_path``).
@@ -52,8 +55,10 @@ def _jsonable(obj: Any) -> Any:
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, kind: str, config: dict,
-                    feature_meta: dict, extra: dict | None = None) -> Path:
-    """Write `model` (a net built by ``build_net(kind, n_features, **config)``) to `path` atomically."""
+                    feature_meta: dict, extra: dict | None = None,
+                    aux_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `model` (a net built by ``build_net(kind, n_features, **config)``) to `path`
+    atomically, with `aux_tensors` beside its weights."""
     n_features = getattr(model, "n_features", None)
     if n_features is None:
         n_features = (feature_meta or {}).get("n_features")
@@ -74,6 +79,8 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, kind: str, config
         "info_json": json.dumps(info, sort_keys=True),
         "state_dict": state,
     }
+    if aux_tensors:
+        payload["aux_tensors"] = {str(k): v.detach().cpu().clone() for k, v in aux_tensors.items()}
     path = Path(path)
     with atomic_path(path, suffix=".pt") as tmp:
         torch.save(payload, tmp)
@@ -84,7 +91,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                     ) -> tuple[dict, dict]:
     """(state_dict, info) of a checkpoint written by ``save_checkpoint``.
 
-    info: kind, n_features, config, feature_meta, extra, torch_version, format_version.
+    info: kind, n_features, config, feature_meta, extra, torch_version, format_version, and
+    ``aux_tensors`` (a dict of tensors, empty when the file has none).
     """
     try:
         payload = torch.load(Path(path), map_location=map_location, weights_only=True)
@@ -97,4 +105,5 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise ValueError(f"{path}: checkpoint format {version} is newer than this tcl ({FORMAT_VERSION})")
     info = json.loads(payload["info_json"])
     info["format_version"] = version
+    info["aux_tensors"] = dict(payload.get("aux_tensors") or {})
     return payload["state_dict"], info

@@ -443,6 +443,8 @@ class NetCostModel(CostModel):
                  net: nn.Module | None = None):
         super().__init__(n_features, config, feature_meta)
         self.net = net if net is not None else self.build_net(self.n_features, self.config)
+        # named tensors saved with the weights (continual learning's EWC state); not the net's
+        self.aux_tensors: dict[str, torch.Tensor] = {}
 
     @classmethod
     def build_net(cls, n_features: int, config: dict) -> nn.Module:
@@ -477,7 +479,8 @@ class NetCostModel(CostModel):
                        extra_losses=extra_losses)
 
     def save(self, path, extra: dict | None = None) -> Path:
-        return save_checkpoint(path, self.net, self.kind, self.config, self.feature_meta, extra)
+        return save_checkpoint(path, self.net, self.kind, self.config, self.feature_meta, extra,
+                               aux_tensors=self.aux_tensors)
 
     @classmethod
     def load(cls, path) -> "NetCostModel":
@@ -489,6 +492,7 @@ class NetCostModel(CostModel):
         model.net.load_state_dict(state, strict=True)
         model.net.eval()
         model.extra = dict(info.get("extra") or {})
+        model.aux_tensors = dict(info["aux_tensors"])
         return model
 
     def to_onnx(self, max_len: int, opset: int = 17) -> bytes:

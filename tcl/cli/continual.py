@@ -1,0 +1,127 @@
+"""`tcl transfer` (a new platform into a family's KB) and `tcl ckd` (a family's KB over its
+platforms): thin commands over tcl.continual.schedule, with the registry on either side."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import click
+
+
+def _params(path: str) -> dict:
+    from tcl.config import ParamsError, load_params
+
+    try:
+        return load_params(path)
+    except ParamsError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.command()
+@click.option("--family", required=True, help="hardware family whose KB learns the new platform")
+@click.option("--target-data", "target_data", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="the new platform's training programs (typically an RDU subset .npz)")
+@click.option("--target-valid", "target_valid", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="the new platform's validation programs (early stopping)")
+@click.option("--target-test", "target_test", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="the new platform's held-out programs (before/after top-1; the registered metrics)")
+@click.option("--from", "start", default=None,
+              help="KB to start from: a checkpoint, a training dir or models:/tcl-kb-F@alias "
+                   "(default: models:/tcl-kb-FAMILY@production, else @candidate)")
+@click.option("--sources", default=None,
+              help="comma-joined source platforms (default: the family's platforms in the hardware registry)")
+@click.option("--splits", "splits_dir", default="data/splits", show_default=True,
+              help="directory holding <platform>/{train,valid,test}.npz of the sources")
+@click.option("--register", "do_register", is_flag=True, help="register the new KB (alias candidate)")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output dir (model.pt, ...)")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--no-track", is_flag=True, help="no MLflow runs (nor --register)")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON line")
+def transfer(family, target_data, target_valid, target_test, start, sources, splits_dir, do_register,
+             out, params_path, no_track, as_json):
+    """Bring a new platform's data into FAMILY's KB: target CL (AC learns, KB teaches), then target
+    KD (KB learns from the AC under EWC). Writes the new KB to OUT/model.pt."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from tcl import registry
+    from tcl.continual.schedule import ContinualError
+    from tcl.continual.schedule import transfer as run_transfer
+
+    if do_register and no_track:
+        raise click.UsageError("--register needs the MLflow run (drop --no-track)")
+    params = _params(params_path)
+    source_list = [s.strip() for s in sources.split(",") if s.strip()] if sources is not None else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="tcl-transfer-") as tmp:
+            ckpt, info = registry.kb_checkpoint(start, family, tmp)
+            start_family = info.get("family") if "version" in info else None
+            start_ref = info.get("model_uri") or info.get("source") or str(ckpt)
+            summary = run_transfer(ckpt, family, target_data, params, out, target_valid=target_valid,
+                                   target_test=target_test, sources=source_list, splits_dir=splits_dir,
+                                   start_family=start_family, start_ref=start_ref, track=not no_track)
+        if do_register:
+            if summary["eval"]["top1"] is None:
+                raise click.ClickException("nothing held out to register metrics from: give --target-valid "
+                                           "or --target-test")
+            version = registry.register_kb(
+                summary["checkpoint"], family, summary["platforms"], summary["run_id"], summary["eval"],
+                summary["eval_data_hash"], summary["subset_hash"],
+                tags={"sources": ",".join(summary["sources"]), "target": summary["target"],
+                      "subset_hash": summary["subset_hash"], "start": summary["start"]})
+            summary["version"] = version
+            summary["model_uri"] = f"models:/{registry.model_name(family)}/{version}"
+    except (ContinualError, registry.TclRegistryError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for note in summary["warnings"]:
+        click.echo(f"warning: {note}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    click.echo(f"{family}: {summary['target']} learned from {summary['start']} -> {summary['checkpoint']} "
+               f"(run {summary['run_id']})")
+    click.echo(f"  target top-1 {fmt(summary['target_top1_before'])} -> {fmt(summary['target_top1_after'])}; "
+               f"phi {', '.join(f'{p:.3f}' for p in summary['phi'])}")
+    for p, before in summary["sources_top1_before"].items():
+        click.echo(f"  source {p} top-1 {fmt(before)} -> {fmt(summary['sources_top1_after'].get(p))}")
+    if "version" in summary:
+        click.echo(f"  registered {summary['model_uri']} (alias {registry.alias_new()})")
+
+
+@click.command()
+@click.argument("family")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output dir (model.pt, ...)")
+@click.option("--platforms", default=None,
+              help="comma-joined platforms in order (default: families.FAMILY of the params file)")
+@click.option("--splits", "splits_dir", default="data/splits", show_default=True,
+              help="directory holding <platform>/{train,valid,test}.npz")
+@click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON line")
+def ckd(family, out, platforms, splits_dir, params_path, as_json):
+    """FAMILY's KB through the CL/KD schedule over its platforms (one MLflow parent run, a
+    nested run per phase). Writes OUT/model.pt with its EWC state and OUT/continual.json."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from tcl.continual.schedule import ContinualError, load_platform, run_schedule
+
+    params = _params(params_path)
+    names = ([p.strip() for p in platforms.split(",") if p.strip()] if platforms
+             else list((params.get("families") or {}).get(family) or []))
+    if not names:
+        raise click.ClickException(f"no platforms for family {family!r}: give --platforms or list it under "
+                                   f"`families:` in {params_path}")
+    data = [load_platform(p, splits_dir) for p in names]
+    missing = [d.platform for d in data if d.train is None]
+    if missing:
+        raise click.ClickException(f"no training split for {', '.join(missing)} under {splits_dir} "
+                                   f"(run `tcl split` or the pipeline's split stage)")
+    try:
+        summary = run_schedule(family, data, params, out)
+    except ContinualError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({k: v for k, v in summary.items() if k != "per_platform"}))
+        return
+    click.echo(f"{family}: KB over {', '.join(names)} -> {summary['checkpoint']} (run {summary['run_id']})")
+    for p, m in summary["kb_held_out"].items():
+        click.echo(f"  {p}: top-1 {m['top1']:.4f} top-5 {m['top5']:.4f}")

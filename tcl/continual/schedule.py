@@ -1,0 +1,507 @@
+"""The CL and KD phases of continual knowledge distillation, and the two schedules built from them.
+
+For each platform t of a family, in order (``learn_platform``):
+
+1. **AC start**: a fresh AC (``continual.ac_preset``, larger than the KB). After the first
+   platform it is taught the KB's ranking before it sees a label (``ac_init: distill``:
+   ``ac_init_epochs`` epochs of L_distill(AC ← KB) alone, no labels) on the programs of every seen
+   platform whose training data is at hand (the schedule: all; a transfer: the target's subset
+   and the sources' training splits when present). The AC is larger than the KB, so weights
+   cannot be copied; distillation hands over the KB's function, and on the target's own programs
+   exactly where the AC is about to learn. Measured: on the target's 10% subset alone (~200
+   programs, a dozen steps) the fresh AC stayed far below the KB. ``ac_init: scratch`` skips it
+   (an ablation).
+2. **CL** (KB frozen): ``L = L_task(AC, D_t) + β·Φ_t(epoch)·L_distill(AC ← KB)`` (tcl.continual.distill).
+   Early stopping on D_t's validation set.
+3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + λ·Σ_i F_i (θ_i − θ*_i)²`` on D_t's training
+   programs (tcl.continual.ewc; no EWC term before the first platform is finished), at KD's lower
+   learning rate. Early stopping on the mean validation top-1 of every seen platform, so the kept
+   KB is the one that lost least; with ``kd_guard`` (a KB that already knows platforms), when
+   no KD epoch beats the KB it started from on that mean, the starting KB is kept (measured on
+   the bundled x86-sse data: an AC trained on a 10% subset can rank worse than the KB, and
+   distilling it then only costs the KB). Then the Fisher information of D_t is added to the
+   KB's state.
+
+A teacher is frozen by construction: its scores on D_t are computed once before the phase and
+the phase never touches its weights. Batches never mix platforms (each phase trains on one).
+Settings: params.yaml ``continual:`` (:func:`settings`); each phase trains with ``train:``, then
+``pipeline.train`` (the main job's sizing for the bundled data), then ``continual.cl`` /
+``continual.kd``.
+
+* :func:`run_schedule`: a family's KB from its platforms in order (source CL → source KD → … →
+  target CL → target KD); one MLflow parent run, a nested run per phase.
+* :func:`transfer`: one new platform into an existing KB (`tcl transfer`).
+
+Every phase logs each loss term (``loss_task``, ``loss_distill``, ``loss_ewc``), Φ (``phi``) and
+every seen platform's ``seen_<platform>_top1``/``_top5`` (validation split) after every epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tcl import metrics as M
+from tcl.continual.distill import DEFAULT_PHI, distill_term, phi_at, teacher_quality, teacher_targets
+from tcl.continual.ewc import EWCState, absorb, estimate_fisher
+from tcl.io import atomic_write_json, json_safe
+
+DEFAULTS = {
+    "experiment": "tcl-continual",
+    "kind": "mamba",
+    "kb_preset": "kb",
+    "ac_preset": "ac",
+    "beta": 0.5,
+    "lambda_ewc": 10000.0,
+    "distill": {"sharpness": 1.0},
+    "phi": dict(DEFAULT_PHI),
+    "ac_init": "distill",
+    "ac_init_epochs": 5,
+    "kd_guard": True,
+    "cl": {},
+    "kd": {"lr": 1e-4},
+}
+MODEL_FILE = "model.pt"
+SUMMARY_FILE = "continual.json"
+RUN_FILE = "mlflow_run.json"  # as tcl.experiments writes it: `tcl register` finds the run here
+
+
+class ContinualError(ValueError):
+    """A schedule or transfer that cannot start (mismatched features, bad settings, no data)."""
+
+
+def settings(params: dict) -> dict:
+    """``continual:`` of params over the defaults (nested dicts merged one level deep)."""
+    given = dict(params.get("continual") or {})
+    cfg = {k: ({**v, **(given.get(k) or {})} if isinstance(v, dict) else given.get(k, v))
+           for k, v in DEFAULTS.items()}
+    unknown = sorted(set(given) - set(DEFAULTS))
+    if unknown:
+        raise ContinualError(f"unknown continual settings: {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+    if cfg["ac_init"] not in ("distill", "scratch"):
+        raise ContinualError(f"continual.ac_init must be distill or scratch, not {cfg['ac_init']!r}")
+    phi_at(0, 0.0, cfg["phi"])  # validates the constants
+    return cfg
+
+
+def phase_params(params: dict, cfg: dict, phase: str) -> dict:
+    from tcl.training import DEFAULT_TRAIN
+
+    return {**DEFAULT_TRAIN, **(params.get("train") or {}),
+            **((params.get("pipeline") or {}).get("train") or {}), **(cfg[phase] or {})}
+
+
+@dataclass
+class PlatformData:
+    """One platform's FeatureSets (any may be None)."""
+
+    platform: str
+    train: object = None
+    valid: object = None
+    test: object = None
+
+    @property
+    def monitor(self):
+        """What the per-epoch seen-platform metrics are read on: validation, else test."""
+        return self.valid if self.valid is not None else self.test
+
+    @property
+    def held_out(self):
+        """What before/after comparisons are read on: test, else validation."""
+        return self.test if self.test is not None else self.valid
+
+
+def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
+    """``<splits_dir>/<platform>/{train,valid,test}.npz`` (the ones that exist)."""
+    from tcl.features import FeatureSet
+
+    d = Path(splits_dir) / platform
+    parts = {part: FeatureSet.load(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
+             for part in ("train", "valid", "test")}
+    return PlatformData(platform, **parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# logging
+
+
+class PhaseLog:
+    """The `run` of one phase's training loop: adds Φ and every seen platform's top-1/top-5 to
+    each epoch's metrics, keeps the rows, and logs them to the active MLflow run when `track`."""
+
+    def __init__(self, model, seen: list[PlatformData], phi=None, track: bool = False):
+        self.model, self.seen, self.phi, self.track = model, seen, phi, track
+        self.rows: list[dict] = []
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        row = dict(metrics)
+        if self.phi is not None:
+            row["phi"] = self.phi(step)
+        for d in self.seen:
+            if d.monitor is not None and len(d.monitor):
+                r = M.evaluate(self.model.predict_features(d.monitor), d.monitor)
+                row[f"seen_{d.platform}_top1"], row[f"seen_{d.platform}_top5"] = r["top1"], r["top5"]
+        self.rows.append({"epoch": int(step), **row})
+        if self.track:
+            import mlflow
+
+            mlflow.log_metrics({k: float(v) for k, v in row.items()
+                                if isinstance(v, (int, float)) and math.isfinite(v)}, step=int(step))
+
+
+@contextlib.contextmanager
+def _phase_run(track: bool, name: str, params: dict):
+    """A nested MLflow run under the active parent (nothing when not tracking)."""
+    if not track:
+        yield None
+        return
+    import mlflow
+
+    parent = mlflow.active_run()
+    with mlflow.start_run(run_name=name, nested=True, experiment_id=parent.info.experiment_id) as run:
+        mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
+        yield run
+
+
+def _flat(prefix: str, d: dict) -> dict:
+    return {f"{prefix}.{k}": v for k, v in (d or {}).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# the phases
+
+
+def new_net_model(params: dict, cfg: dict, role: str, n_features: int, feature_meta: dict, seed: int):
+    """A fresh KB (`role` kb) or AC (ac) of ``continual.kind`` and its preset; `seed` draws it."""
+    from tcl.models import model_config, new_model
+    from tcl.training import seed_everything
+
+    seed_everything(int(seed))
+    config = model_config(cfg["kind"], params, cfg[f"{role}_preset"])
+    return new_model(cfg["kind"], n_features, config, feature_meta)
+
+
+def init_ac(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, train_params: dict, out_dir,
+            track: bool = False) -> list[dict]:
+    """Teach the fresh AC the KB's ranking (L_distill alone, no labels) on the training programs of
+    every seen platform at hand, platform t's among them; early stopping on D_t's validation set."""
+    from tcl.training import train_model
+
+    sets = [d.train for d in seen if d.train is not None and len(d.train) and d is not data] + [data.train]
+    sharp = cfg["distill"]["sharpness"]
+    targets = [teacher_targets(kb.predict_features(fs), fs.task, sharp) for fs in sets]
+    p = {**train_params, "loss": "none", "epochs": int(cfg["ac_init_epochs"])}
+    log = PhaseLog(ac, [data], track=track)
+    train_model(ac, sets, [data.valid] if data.valid is not None else [], p, out_dir, run=log,
+                progress=False, extra_losses={"distill": distill_term(targets, lambda e: 1.0)})
+    return log.rows
+
+
+def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, train_params: dict,
+             out_dir, track: bool = False) -> dict:
+    """Train the AC on D_t: L_task + β·Φ_t(epoch)·L_distill(AC ← KB), the KB frozen (None: the
+    first platform, task loss only). Returns {"quality", "phi" (per epoch run), "epochs"}."""
+    from tcl.training import train_model
+
+    extra, phi, quality = {}, None, None
+    if kb is not None:
+        quality = teacher_quality(kb, data.train)
+        phi = lambda e: phi_at(e, quality, cfg["phi"])  # noqa: E731
+        targets = teacher_targets(kb.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
+        beta = float(cfg["beta"])
+        extra["distill"] = distill_term([targets], lambda e: beta * phi(e))
+    log = PhaseLog(ac, seen, phi, track)
+    train_model(ac, [data.train], [data.valid] if data.valid is not None else [], train_params, out_dir,
+                run=log, progress=False, extra_losses=extra)
+    return {"quality": quality, "phi": [r["phi"] for r in log.rows] if phi else [], "epochs": log.rows}
+
+
+def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState | None, cfg: dict,
+             train_params: dict, out_dir, track: bool = False) -> tuple[EWCState, dict]:
+    """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + λ·EWC; then add D_t's Fisher
+    information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs"})."""
+    from tcl.training import train_model
+
+    targets = teacher_targets(ac.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
+    extra = {"distill": distill_term([targets], lambda e: 1.0)}
+    if ewc is not None:
+        lam = float(cfg["lambda_ewc"])
+        extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
+    valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
+    start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
+    start_top1 = _mean_top1(kb, valid) if ewc is not None and cfg["kd_guard"] else None
+    log = PhaseLog(kb, seen, track=track)
+    train_model(kb, [data.train], valid, {**train_params, "loss": "none"}, out_dir, run=log,
+                progress=False, extra_losses=extra)
+    kept = start_top1 is not None and not _mean_top1(kb, valid) > start_top1
+    if kept:  # no KD epoch beat the KB it started from on the seen platforms: keep that one
+        kb.net.load_state_dict(start)
+    state = absorb(ewc, kb, estimate_fisher(kb, data.train, train_params), data.platform)
+    state.attach(kb)
+    kb.feature_meta = {**kb.feature_meta, "platforms": list(state.platforms)}
+    return state, {"epochs": log.rows, "kept_start": kept, "start_valid_top1": start_top1}
+
+
+def _mean_top1(model, sets) -> float | None:
+    """Mean validation top-1 over the sets (None without any)."""
+    if not sets:
+        return None
+    return float(np.mean([M.evaluate(model.predict_features(fs), fs)["top1"] for fs in sets]))
+
+
+def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dict, cfg: dict,
+                   out_dir, step: int, track: bool = False) -> tuple[object, object, dict]:
+    """AC start, CL and KD on one platform; `kb` None before the first. Returns (KB, AC, report)."""
+    from tcl.training import feature_meta
+
+    if data.train is None or len(data.train) == 0:
+        raise ContinualError(f"platform {data.platform!r}: no training programs")
+    out_dir = Path(out_dir)
+    cl_p, kd_p = phase_params(params, cfg, "cl"), phase_params(params, cfg, "kd")
+    seed = int(cl_p["seed"]) + step
+    n_features = int(data.train.x.shape[2])
+    meta = feature_meta([data.train])
+    report: dict = {"platform": data.platform, "runs": {}}
+
+    ac = new_net_model(params, cfg, "ac", n_features, meta, seed)
+    if kb is not None and cfg["ac_init"] == "distill" and int(cfg["ac_init_epochs"]) > 0:
+        with _phase_run(track, f"ac-init-{data.platform}", {"phase": "ac-init", "platform": data.platform,
+                                                            **_flat("train", cl_p)}) as run:
+            report["ac_init"] = init_ac(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-ac-init-{data.platform}",
+                                        track)
+            report["runs"]["ac_init"] = run.info.run_id if run else None
+    with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform, "beta": cfg["beta"],
+                                                   **_flat("phi", cfg["phi"]), **_flat("train", cl_p)}) as run:
+        report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-cl-{data.platform}", track)
+        report["runs"]["cl"] = run.info.run_id if run else None
+
+    ewc = EWCState.from_model(kb) if kb is not None else None
+    if kb is None:
+        kb = new_net_model(params, cfg, "kb", n_features, meta, seed)
+    with _phase_run(track, f"kd-{data.platform}", {"phase": "kd", "platform": data.platform,
+                                                   "lambda_ewc": cfg["lambda_ewc"], "ewc": ewc is not None,
+                                                   **_flat("train", kd_p)}) as run:
+        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, out_dir / f"{step:02d}-kd-{data.platform}", track)
+        report["runs"]["kd"] = run.info.run_id if run else None
+        if run:
+            import mlflow
+
+            mlflow.log_metric("kd_kept_start", float(report["kd"]["kept_start"]))
+    return kb, ac, report
+
+
+# ---------------------------------------------------------------------------------------------
+# schedules
+
+
+def held_out_metrics(model, platforms: list[PlatformData]) -> dict:
+    """{platform: {"top1", "top5"}} on each platform's held-out set (test, else validation)."""
+    out = {}
+    for d in platforms:
+        if d.held_out is not None and len(d.held_out):
+            r = M.evaluate(model.predict_features(d.held_out), d.held_out)
+            out[d.platform] = {"top1": r["top1"], "top5": r["top5"]}
+    return out
+
+
+def _save_kb(kb, out: Path, extra: dict) -> Path:
+    path = out / MODEL_FILE
+    state = EWCState.from_model(kb)
+    kb.save(path, extra={**extra, **(state.extra() if state else {})})
+    return path
+
+
+def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: str | os.PathLike,
+                 track: bool = True) -> dict:
+    """A family's KB learned over `platforms` in order (each: AC start, CL, KD). Writes
+    ``out/model.pt`` (the KB with its EWC state), ``out/mlflow_run.json`` and
+    ``out/continual.json``: per platform Φ, the runs, and the KB's held-out top-1/top-5 on every
+    seen platform after it (forgetting). One MLflow parent run when `track`."""
+    cfg = settings(params)
+    if not platforms:
+        raise ContinualError(f"family {family!r}: no platforms to learn")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [d.platform for d in platforms]
+    ctx = contextlib.nullcontext(None)
+    if track:
+        from tcl import tracking
+
+        ctx = tracking.start_run(cfg["experiment"], run_name=f"ckd-{family}",
+                                 tags={"family": family, "platforms": ",".join(names), "schedule": "ckd"})
+    kb, reports = None, []
+    with ctx as parent:
+        run_id = parent.info.run_id if parent else None
+        if parent:
+            import mlflow
+
+            atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
+            mlflow.log_params({"family": family, "platforms": ",".join(names), "beta": cfg["beta"],
+                               "lambda_ewc": cfg["lambda_ewc"], "ac_init": cfg["ac_init"]})
+        for i, data in enumerate(platforms):
+            kb, _, report = learn_platform(kb, data, platforms[:i + 1], params, cfg, out / "phases", i, track)
+            report["kb_held_out"] = held_out_metrics(kb, platforms[:i + 1])
+            reports.append(report)
+            if parent:
+                import mlflow
+
+                mlflow.log_metrics({f"kb_{p}_top1": m["top1"] for p, m in report["kb_held_out"].items()}, step=i)
+        ckpt = _save_kb(kb, out, {"run_id": run_id, "family": family})
+    summary = json_safe({"family": family, "platforms": names, "run_id": run_id, "checkpoint": str(ckpt),
+                         "phi": {r["platform"]: r["cl"]["phi"] for r in reports},
+                         "kb_held_out": reports[-1]["kb_held_out"], "per_platform": reports})
+    atomic_write_json(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def family_warnings(family: str, start_platforms: list[str], sources: list[str],
+                    start_family: str | None = None) -> list[str]:
+    """Why a transfer into `family` may interfere: a starting KB or a source of another family
+    (transfer helps within a family and can hurt across, paper Table 5)."""
+    from tcl.hardware import family_of
+
+    def fam(p):
+        try:
+            return family_of(p)
+        except (KeyError, ValueError):
+            return None
+
+    out = []
+    if start_family and start_family != family:
+        out.append(f"the starting KB is the registered KB of family {start_family!r}, not {family!r}: "
+                   f"transfer across families can hurt (negative transfer, paper Table 5)")
+    for p in start_platforms:
+        f = fam(p)
+        if f is not None and f != family:
+            out.append(f"the starting KB learned platform {p!r} of family {f!r}, not {family!r}: "
+                       f"transfer across families can hurt (negative transfer, paper Table 5)")
+    for p in sources:
+        f = fam(p)
+        if f is None:
+            out.append(f"source {p!r} is not in the hardware registry: its family is unknown")
+        elif f != family:
+            out.append(f"source {p!r} belongs to family {f!r}, not {family!r}: its knowledge may "
+                       f"interfere rather than help (paper Table 5)")
+    return out
+
+
+def default_sources(family: str, target: str) -> list[str]:
+    """The family's platforms in the hardware registry, the target excepted."""
+    from tcl.hardware import platforms as registry_platforms
+
+    return [name for name, p in registry_platforms().items() if p.family == family and name != target]
+
+
+def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str | os.PathLike,
+             params: dict, out: str | os.PathLike, target_valid: str | os.PathLike | None = None,
+             target_test: str | os.PathLike | None = None, sources: list[str] | None = None,
+             splits_dir: str | os.PathLike = "data/splits", start_family: str | None = None,
+             start_ref: str = "", track: bool = True) -> dict:
+    """Bring a new platform's data (typically an RDU subset) into a family's KB: target CL then
+    target KD from the KB at `start_checkpoint`. Writes the new KB to ``out/model.pt`` (the
+    format `tcl evaluate`, `tcl export` and `tcl register` read) with ``out/mlflow_run.json``
+    and ``out/continual.json``; returns the summary (run id, checkpoint, Φ per epoch, sources'
+    and target's held-out top-1 before and after, warnings, what to register it with).
+
+    Sources (default: the family's other platforms in the hardware registry) are read from
+    ``<splits_dir>/<platform>/``: their held-out split measures forgetting, and when the KB
+    carries no EWC state (a KB not trained by CKD) their training split gives it one."""
+    from tcl import tracking
+    from tcl.features import FeatureSet
+    from tcl.models import load_model
+
+    cfg = settings(params)
+    out = Path(out)
+    kb = load_model(start_checkpoint)
+    if not hasattr(kb, "net"):
+        raise ContinualError(f"{start_checkpoint}: a {kb.kind} model; continual learning needs a torch net KB")
+    target_fs = FeatureSet.load(target_data)
+    target = PlatformData(target_fs.platform, target_fs,
+                          FeatureSet.load(target_valid) if target_valid else None,
+                          FeatureSet.load(target_test) if target_test else None)
+    for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test)):
+        if fs is not None and int(fs.x.shape[2]) != kb.n_features:
+            raise ContinualError(f"{part} of {target.platform!r} has {fs.x.shape[2]} features per step; the KB "
+                                 f"reads {kb.n_features} (featurized with another vocabulary or version)")
+    explicit = sources is not None
+    source_names = list(sources) if explicit else default_sources(family, target.platform)
+    notes = family_warnings(family, list(kb.feature_meta.get("platforms") or []),
+                            source_names if explicit else [], start_family)
+    src = []
+    for name in source_names:
+        d = load_platform(name, splits_dir)
+        if d.train is None and d.valid is None and d.test is None:
+            notes.append(f"source {name!r}: no data under {Path(splits_dir) / name}; not evaluated")
+            continue
+        if any(int(fs.x.shape[2]) != kb.n_features for fs in (d.train, d.valid, d.test) if fs is not None):
+            notes.append(f"source {name!r}: features of another shape than the KB's; not evaluated")
+            continue
+        src.append(d)
+
+    ewc = EWCState.from_model(kb)
+    if ewc is None:
+        with_train = [d for d in src if d.train is not None and len(d.train)]
+        for d in with_train:
+            ewc = absorb(ewc, kb, estimate_fisher(kb, d.train, phase_params(params, cfg, "kd")), d.platform)
+        if ewc is None:
+            notes.append("the starting KB carries no EWC state and no source has training data: "
+                         "the target KD runs without the EWC penalty")
+        else:
+            ewc.attach(kb)
+            notes.append("the starting KB carried no EWC state: Fisher information estimated on the "
+                         f"training splits of {', '.join(ewc.platforms)}")
+
+    before = held_out_metrics(kb, src)
+    target_before = held_out_metrics(kb, [target])
+    subset_hash = tracking.data_hash(target_data)
+    ctx = contextlib.nullcontext(None)
+    if track:
+        ctx = tracking.start_run(cfg["experiment"], run_name=f"transfer-{family}-{target.platform}",
+                                 tags={"family": family, "target": target.platform, "subset_hash": subset_hash,
+                                       "sources": ",".join(d.platform for d in src), "schedule": "transfer",
+                                       "start": str(start_ref or start_checkpoint)})
+    out.mkdir(parents=True, exist_ok=True)
+    with ctx as parent:
+        run_id = parent.info.run_id if parent else None
+        if parent:
+            atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
+        kb, _, report = learn_platform(kb, target, [*src, target], params, cfg, out / "phases", 0, track)
+        after = held_out_metrics(kb, src)
+        target_after = held_out_metrics(kb, [target])
+        if parent:
+            import mlflow
+
+            mlflow.log_metrics({**{f"source_{p}_top1_before": m["top1"] for p, m in before.items()},
+                                **{f"source_{p}_top1_after": m["top1"] for p, m in after.items()},
+                                **{f"target_top1_{w}": m[target.platform]["top1"]
+                                   for w, m in (("before", target_before), ("after", target_after)) if m}})
+        ckpt = _save_kb(kb, out, {"run_id": run_id, "family": family, "target": target.platform,
+                                  "subset_hash": subset_hash})
+
+    # what a registration is evaluated on: the target's held-out set and the sources' test splits
+    eval_files = [str(p) for p in ([target_test] if target_test else [target_valid] if target_valid else [])]
+    eval_files += [str(Path(splits_dir) / d.platform / "test.npz") for d in src if d.test is not None]
+    evals = [m for m in (target_after.get(target.platform), *(after[d.platform] for d in src if d.test is not None))
+             if m is not None]
+    summary = json_safe({
+        "family": family, "target": target.platform, "run_id": run_id, "checkpoint": str(ckpt),
+        "start": str(start_ref or start_checkpoint), "sources": [d.platform for d in src],
+        "platforms": list(kb.feature_meta.get("platforms") or []), "subset_hash": subset_hash,
+        "phi": report["cl"]["phi"], "teacher_quality": report["cl"]["quality"],
+        "kd_kept_start": report["kd"]["kept_start"],
+        "sources_top1_before": {p: m["top1"] for p, m in before.items()},
+        "sources_top1_after": {p: m["top1"] for p, m in after.items()},
+        "target_top1_before": (target_before.get(target.platform) or {}).get("top1"),
+        "target_top1_after": (target_after.get(target.platform) or {}).get("top1"),
+        "eval": {"top1": float(np.mean([m["top1"] for m in evals])) if evals else None,
+                 "top5": float(np.mean([m["top5"] for m in evals])) if evals else None},
+        "eval_data_hash": ",".join(tracking.data_hash(f) for f in eval_files) if eval_files else subset_hash,
+        "runs": report["runs"], "warnings": notes,
+    })
+    atomic_write_json(out / SUMMARY_FILE, summary)
+    return summary

@@ -1,0 +1,313 @@
+"""Continual knowledge distillation: frozen teachers, EWC, Φ, the schedule and `tcl transfer`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from tcl.continual import ewc as E
+from tcl.continual.distill import phi_at, teacher_quality
+from tcl.continual.schedule import PlatformData, cl_phase, kd_phase, run_schedule, settings
+from tcl.models import load_model, new_model
+
+from .conftest import fixture_path
+from .test_training import F, make_fs
+
+TINY = {"kb": {"d_model": 8, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2},
+        "ac": {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 2}}
+TRAIN = {"seed": 0, "loss": "lambdarank", "lr": 0.01, "warmup_epochs": 0, "schedule": "cosine",
+         "batch_size": 32, "epochs": 2, "patience": 5, "threads": 1}
+PARAMS = {"models": {"mamba": TINY}, "train": TRAIN,
+          "continual": {"phi": {"trust": 0.5, "floor": 0.1, "decay": 0.8}, "ac_init_epochs": 1,
+                        "cl": {"epochs": 3}, "kd": {"lr": 0.003, "epochs": 2}}}
+
+
+def _state(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.net.state_dict().items()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _model(role: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return new_model("mamba", F, TINY[role], {"feature_version": "test-1", "max_len": 8, "n_features": F})
+
+
+@pytest.fixture(scope="module")
+def taught_kb(tmp_path_factory):
+    """A tiny KB that ranks make_fs programs well (trained a few epochs on them)."""
+    from tcl.training import train_model
+
+    kb = _model("kb")
+    train_model(kb, make_fs(seed=5, platform="p0"), [], {**TRAIN, "epochs": 6}, tmp_path_factory.mktemp("kb"))
+    return kb
+
+
+def _platform(name: str, seed: int) -> PlatformData:
+    return PlatformData(name, make_fs(seed=seed, platform=name), make_fs(seed=seed + 100, n_tasks=4, platform=name))
+
+
+def test_cl_keeps_the_frozen_teacher_bit_identical(tmp_path, one_torch_thread, taught_kb):
+    cfg, data = settings(PARAMS), _platform("p1", 1)
+    ac = _model("ac")
+    kb_before, ac_before = _state(taught_kb), _state(ac)
+    res = cl_phase(ac, taught_kb, data, [data], cfg, TRAIN, tmp_path)
+    assert _same(_state(taught_kb), kb_before)
+    assert not _same(_state(ac), ac_before)  # the AC learned
+    assert len(res["phi"]) == TRAIN["epochs"] and all("loss_distill" in r for r in res["epochs"])
+
+
+def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one_torch_thread, taught_kb):
+    cfg, data = {**settings(PARAMS), "kd_guard": False}, _platform("p1", 1)
+    ac, kb = _model("ac", seed=1), load_model_copy(taught_kb, tmp_path)
+    earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
+    ac_before, kb_before = _state(ac), _state(kb)
+    state, res = kd_phase(kb, ac, data, [data], earlier, cfg, TRAIN, tmp_path)
+    assert _same(_state(ac), ac_before)
+    assert not _same(_state(kb), kb_before)
+    assert all(r["loss_task"] == 0 and r["loss_ewc"] >= 0 and "loss_distill" in r for r in res["epochs"])
+    assert state.platforms == ["p0", "p1"]
+
+
+def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb):
+    cfg, data = settings(PARAMS), _platform("p1", 1)
+    kb = load_model_copy(taught_kb, tmp_path)
+    # validation programs whose measured order is the KB's own: it starts at top-1 = 1, unbeatable
+    valid = data.valid
+    valid.latency = np.exp(-kb.predict_features(valid))
+    valid.y = (np.array([valid.latency[valid.task == t].min() for t in valid.task]) / valid.latency).astype(np.float32)
+    backwards = _negated(load_model_copy(taught_kb, tmp_path))  # an AC that ranks every task backwards
+    earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
+    kb_before = _state(kb)
+    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, TRAIN, tmp_path / "kd")
+    assert res["kept_start"] and _same(_state(kb), kb_before)
+    assert res["start_valid_top1"] == 1.0 and all(r["valid_top1"] < 1.0 for r in res["epochs"])
+    assert state.platforms == ["p0", "p1"]  # the platform is still finished (its Fisher added)
+
+
+def _negated(model):
+    with torch.no_grad():  # the same net with negated scores: it ranks every task backwards
+        model.net.head[-1].weight.neg_()
+        model.net.head[-1].bias.neg_()
+    return model
+
+
+def load_model_copy(model, tmp_path):
+    model.save(tmp_path / "copy.pt")
+    return load_model(tmp_path / "copy.pt")
+
+
+def test_ewc_penalty_equals_a_float64_hand_computation_and_is_zero_at_the_anchor(one_torch_thread):
+    kb = _model("kb")
+    names = [n for n, _ in kb.net.named_parameters()]
+    gen = torch.Generator().manual_seed(7)
+    fisher = {n: torch.rand(p.shape, generator=gen) for n, p in kb.net.named_parameters()}
+    state = E.absorb(None, kb, fisher, "p0")
+    assert float(state.penalty(kb.net).detach()) == 0.0
+    with torch.no_grad():
+        for p in kb.net.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    hand = sum(float(((fisher[n].double() * (p.detach().double() - state.anchor[n].double()) ** 2)).sum())
+               for n, p in zip(names, kb.net.parameters()))
+    assert hand > 0
+    assert float(state.penalty(kb.net).detach()) == pytest.approx(hand, rel=1e-5)
+
+
+def test_fisher_accumulates_across_two_platforms_and_survives_save_load(tmp_path, one_torch_thread):
+    kb = _model("kb")
+    a, b = make_fs(seed=1, platform="p1"), make_fs(seed=2, platform="p2")
+    fa = E.estimate_fisher(kb, a, TRAIN)
+    state = E.absorb(None, kb, fa, "p1")
+    with torch.no_grad():  # the KB moves on between the platforms
+        for p in kb.net.parameters():
+            p.mul_(1.01)
+    fb = E.estimate_fisher(kb, b, TRAIN)
+    state = E.absorb(state, kb, fb, "p2")
+    assert any(float(v.abs().sum()) > 0 for v in fa.values())
+    for name in fa:
+        torch.testing.assert_close(state.fisher[name], fa[name] + fb[name], rtol=0, atol=0)
+        torch.testing.assert_close(state.anchor[name], dict(kb.net.named_parameters())[name].detach(), rtol=0, atol=0)
+    state.attach(kb)
+    kb.save(tmp_path / "kb.pt", extra=state.extra())
+    loaded = E.EWCState.from_model(load_model(tmp_path / "kb.pt"))
+    assert loaded.platforms == ["p1", "p2"]
+    assert _same(loaded.fisher, state.fisher) and _same(loaded.anchor, state.anchor)
+    assert E.EWCState.from_model(_model("kb")) is None
+
+
+def test_phi_falls_for_a_teacher_that_ranks_badly_and_respects_its_floor(tmp_path, one_torch_thread, taught_kb):
+    cfg, data = settings(PARAMS), _platform("p1", 1)
+    bad = _negated(load_model_copy(taught_kb, tmp_path))
+    good_q, bad_q = teacher_quality(taught_kb, data.train), teacher_quality(bad, data.train)
+    assert good_q > 0.3 and bad_q == pytest.approx(-good_q)
+    good = cl_phase(_model("ac"), taught_kb, data, [data], cfg, TRAIN, tmp_path / "good")
+    worse = cl_phase(_model("ac"), bad, data, [data], cfg, TRAIN, tmp_path / "bad")
+    floor, decay = PARAMS["continual"]["phi"]["floor"], PARAMS["continual"]["phi"]["decay"]
+    assert worse["phi"] == [floor] * TRAIN["epochs"]
+    start = min(good_q / 0.5, 1.0)
+    assert good["phi"] == pytest.approx([max(floor, start * decay ** e) for e in range(TRAIN["epochs"])])
+    assert good["phi"][0] > floor and good["phi"][1] < good["phi"][0]
+    assert phi_at(100, good_q, cfg["phi"]) == floor  # decayed to the floor, never below
+
+
+def test_schedule_runs_source_cl_kd_then_target_cl_kd_as_nested_mlflow_runs(tmp_path, store, one_torch_thread):
+    import mlflow
+
+    platforms = [_platform("p1", 1), _platform("p2", 2)]
+    summary = run_schedule("fam", platforms, PARAMS, tmp_path / "out")
+    client = mlflow.MlflowClient()
+    parent = client.get_run(summary["run_id"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{summary['run_id']}'",
+                                  order_by=["attributes.start_time ASC"])
+    assert [r.info.run_name for r in children] == ["cl-p1", "kd-p1", "ac-init-p2", "cl-p2", "kd-p2"]
+    by_name = {r.info.run_name: r for r in children}
+    cl2, kd2 = by_name["cl-p2"].info.run_id, by_name["kd-p2"].info.run_id
+    cl_epochs = PARAMS["continual"]["cl"]["epochs"]
+    for name in ("phi", "loss_task", "loss_distill", "seen_p1_top1", "seen_p2_top5"):
+        assert [m.step for m in client.get_metric_history(cl2, name)] == list(range(cl_epochs)), name
+    for name in ("loss_distill", "loss_ewc", "seen_p1_top1", "seen_p2_top1"):
+        assert len(client.get_metric_history(kd2, name)) == PARAMS["continual"]["kd"]["epochs"], name
+    assert "loss_ewc" not in client.get_run(by_name["kd-p1"].info.run_id).data.metrics  # nothing to protect yet
+    phi = [m.value for m in client.get_metric_history(cl2, "phi")]
+    assert phi == pytest.approx(summary["phi"]["p2"]) and summary["phi"]["p1"] == []
+    kb = load_model(summary["checkpoint"])
+    assert E.EWCState.from_model(kb).platforms == ["p1", "p2"] and kb.config == TINY["kb"]
+    assert set(summary["kb_held_out"]) == {"p1", "p2"}
+
+
+def _real_features(tmp_path):
+    """Features of two real MetaSchedule databases, as a source and a target platform of x86-sse."""
+    from tcl.features import featurize_file
+    from tcl.records.ingest import ingest
+
+    out = {}
+    for name, platform in (("dense_256", "x86-sse-t1"), ("conv2d_small", "x86-sse-t2")):
+        ingest(fixture_path(f"metaschedule/{name}"), platform, tmp_path / f"{platform}.parquet")
+        featurize_file(tmp_path / f"{platform}.parquet", tmp_path / f"{platform}.npz")
+        out[platform] = tmp_path / f"{platform}.npz"
+    return out
+
+
+def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thread):
+    import mlflow
+
+    from tcl.cli import main
+    from tcl.features import FeatureSet
+    from tcl.training import train_model
+
+    files = _real_features(tmp_path)
+    source = FeatureSet.load(files["x86-sse-t1"])
+    splits = tmp_path / "splits" / "x86-sse-t1"
+    splits.mkdir(parents=True)
+    for part in ("train", "valid", "test"):
+        source.save(splits / f"{part}.npz")
+    torch.manual_seed(0)
+    kb = new_model("mamba", int(source.x.shape[2]), TINY["kb"], source.meta)
+    train_model(kb, source, [], TRAIN, tmp_path / "kb")  # a KB trained from scratch: no EWC state
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+
+    args = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"],
+            "--target-valid", files["x86-sse-t2"], "--from", tmp_path / "kb",
+            "--sources", "x86-sse-t1,x86-avx2-t2", "--splits", tmp_path / "splits",
+            "--params", tmp_path / "params.yaml", "--out", tmp_path / "new", "--register", "--json"]
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert "source 'x86-avx2-t2' belongs to family 'x86-avx2', not 'x86-sse'" in res.stderr
+    assert "Fisher information estimated on the training splits of x86-sse-t1" in res.stderr
+    assert out["sources"] == ["x86-sse-t1"] and out["target"] == "x86-sse-t2"
+    assert set(out["sources_top1_before"]) == set(out["sources_top1_after"]) == {"x86-sse-t1"}
+    assert len(out["phi"]) == PARAMS["continual"]["cl"]["epochs"] and all(0.1 <= p <= 1 for p in out["phi"])
+    assert out["subset_hash"] == hashlib.md5(files["x86-sse-t2"].read_bytes()).hexdigest()
+
+    # the run: a parent with the target's phases nested under it
+    client = mlflow.MlflowClient()
+    children = client.search_runs([client.get_run(out["run_id"]).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{out['run_id']}'")
+    assert sorted(r.info.run_name for r in children) == ["ac-init-x86-sse-t2", "cl-x86-sse-t2", "kd-x86-sse-t2"]
+
+    # the new KB: what `tcl evaluate` reads, with the EWC state of the source and the target
+    new = load_model(out["checkpoint"])
+    assert E.EWCState.from_model(new).platforms == ["x86-sse-t1", "x86-sse-t2"]
+    ev = CliRunner().invoke(main, ["evaluate", "--model", str(tmp_path / "new"), "--data",
+                                   str(files["x86-sse-t2"]), "--json"])
+    assert ev.exit_code == 0, ev.output
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["top1"] == pytest.approx(out["target_top1_after"])
+
+    # registered as a candidate, tagged with the sources, the target and the subset's hash
+    mv = client.get_model_version_by_alias("tcl-kb-x86-sse", "candidate")
+    assert int(mv.version) == out["version"]
+    assert mv.tags["sources"] == "x86-sse-t1" and mv.tags["target"] == "x86-sse-t2"
+    assert mv.tags["subset_hash"] == out["subset_hash"] and mv.run_id == out["run_id"]
+
+    # a later transfer starts from the registered KB (no --from) and continues its EWC state
+    later = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"], "--target-valid",
+             files["x86-sse-t2"], "--splits", tmp_path / "splits", "--params", tmp_path / "params.yaml",
+             "--out", tmp_path / "next", "--json"]
+    again = CliRunner().invoke(main, [str(a) for a in later])
+    assert again.exit_code == 0, again.output
+    nxt = json.loads(again.stdout.strip().splitlines()[-1])
+    assert nxt["start"] == "models:/tcl-kb-x86-sse@candidate" and "Fisher" not in again.stderr
+    assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
+
+
+def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, one_torch_thread):
+    from tcl.pipeline import main as pipeline
+
+    names = ["x86-sse-t1", "x86-sse-t2"]
+    for i, name in enumerate(names):
+        d = tmp_path / "splits" / name
+        d.mkdir(parents=True)
+        data = _platform(name, i + 1)
+        data.train.save(d / "train.npz")
+        data.valid.save(d / "valid.npz")
+        data.valid.save(d / "test.npz")
+    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}}  # KD epochs: train's, set below
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**PARAMS, "continual": continual,
+                                                          "families": {"x86-sse": names}}))
+    res = CliRunner().invoke(pipeline, ["ckd", "x86-sse", "--out", str(tmp_path / "kb"), "--loss-plot",
+                                        str(tmp_path / "loss.json"), "--valid-plot", str(tmp_path / "valid.json"),
+                                        "--params", str(tmp_path / "params.yaml"), "--splits",
+                                        str(tmp_path / "splits"), "--epochs", "1"])
+    assert res.exit_code == 0, res.output
+    kb = load_model(tmp_path / "kb")  # what the evaluate / export / register stages read
+    assert kb.config == TINY["kb"] and E.EWCState.from_model(kb).platforms == names
+    loss = json.loads((tmp_path / "loss.json").read_text())
+    assert [r["epoch"] for r in loss] == [0, 1]  # one KD epoch per platform (--epochs 1 over pipeline.train)
+    assert json.loads((tmp_path / "kb" / "mlflow_run.json").read_text())["run_id"] in res.output
+
+
+def test_teacher_targets_keep_the_teachers_order_within_each_task_in_0_1():
+    from tcl.continual.distill import teacher_targets
+
+    scores = np.array([3.0, 1.0, 2.0, -5.0, 10.0, 0.0])
+    task = np.array([0, 0, 0, 1, 1, 1])
+    got = teacher_targets(scores, task, sharpness=2.0)
+    for t in (0, 1):  # a hand computation: exp(2 * (z - max z)), z standardised within the task
+        s = scores[task == t]
+        z = (s - s.mean()) / s.std()
+        np.testing.assert_allclose(got[task == t], np.exp(2.0 * (z - z.max())), rtol=1e-6)
+    assert got.max() == 1.0 and got.min() > 0
+    assert teacher_targets(np.array([1.0, 1.0]), np.array([0, 0])).tolist() == [1.0, 1.0]  # a tie: no order
+
+
+def test_a_source_or_starting_kb_of_another_family_warns_and_says_why():
+    from tcl.continual.schedule import family_warnings
+
+    notes = family_warnings("x86-sse", ["znver4-avx512-t1"], ["x86-sse-t1", "x86-avx2-t2", "my-cpu"],
+                            start_family="amd-zen4-avx512")
+    assert len(notes) == 4
+    assert "registered KB of family 'amd-zen4-avx512', not 'x86-sse'" in notes[0]
+    assert "learned platform 'znver4-avx512-t1' of family 'amd-zen4-avx512'" in notes[1]
+    assert "source 'x86-avx2-t2' belongs to family 'x86-avx2'" in notes[2] and "Table 5" in notes[2]
+    assert "'my-cpu' is not in the hardware registry" in notes[3]
+    assert family_warnings("x86-sse", ["x86-sse-t1"], ["x86-sse-t2"]) == []
