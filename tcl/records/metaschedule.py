@@ -116,11 +116,24 @@ def _describe_args(args_info) -> str:
 
 def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record | Reject]:
     db_dir = Path(db_dir)
-    wl_path = _existing(db_dir / "database_workload.json")
     rec_path = _existing(db_dir / "database_tuning_record.json")
+    workloads = []
+    for item in read_workloads(db_dir):
+        if item.__class__ is Reject:
+            yield item
+        else:
+            workloads = item
+    yield from read_records(_lines(rec_path), workloads, platform, rec_path)
+
+
+def read_workloads(db_dir: str | os.PathLike) -> Iterator[list | Reject]:
+    """Rejects of the workload file's bad lines, then (last) the list of workloads by index:
+    (hash, name, desc, weight, networks, network weights), None where a line was bad."""
+    db_dir = Path(db_dir)
+    wl_path = _existing(db_dir / "database_workload.json")
     meta_path = db_dir / "tasks.json"
     task_meta = orjson.loads(meta_path.read_bytes()) if meta_path.exists() else {}
-    workloads: list[tuple | None] = []  # per workload index: (hash, name, desc, weight, networks, weights)
+    workloads: list[tuple | None] = []
     for lineno, line in enumerate(_lines(wl_path), start=1):
         try:
             shash = str(orjson.loads(line)[0])
@@ -131,8 +144,15 @@ def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record |
         meta = task_meta.get(shash, {})
         workloads.append((shash, meta.get("name", shash), meta.get("desc"), float(meta.get("weight", 1.0)),
                           ",".join(meta.get("networks", [])), network_weights_json(meta)))
+    yield workloads
+
+
+def read_records(lines, workloads: list, platform: str, path, first_lineno: int = 1,
+                 whole_file: bool = True) -> Iterator[Record | Reject]:
+    """Records (or Rejects naming `path` and the line) of tuning-record `lines`, numbered from
+    `first_lineno`; a slice of a file (`whole_file=False`) may hold no record without being empty."""
     any_line = False
-    for lineno, line in enumerate(_lines(rec_path), start=1):
+    for lineno, line in enumerate(lines, start=first_lineno):
         if not line or line.isspace():  # isspace stops at the first other byte; strip would copy the line
             continue
         any_line = True
@@ -140,9 +160,9 @@ def read_database(db_dir: str | os.PathLike, platform: str) -> Iterator[Record |
         if out.__class__ is Record:
             yield out
         else:
-            yield Reject(str(rec_path), lineno, out[0], out[1], _raw(line))
-    if not any_line:
-        yield Reject(str(rec_path), 0, "empty_file", "no tuning records", "")
+            yield Reject(str(path), lineno, out[0], out[1], _raw(line))
+    if not any_line and whole_file:
+        yield Reject(str(path), 0, "empty_file", "no tuning records", "")
 
 
 def _parse_record(line, workloads, platform) -> Record | tuple[str, str]:
