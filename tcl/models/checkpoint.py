@@ -4,7 +4,7 @@ A checkpoint file holds a dict of
 
 * ``format`` / ``format_version`` -- ``"tcl-checkpoint"`` / 1
 * ``state_dict`` -- the model's tensors
-* ``info_json`` -- one JSON string: ``kind``, ``n_features``, ``config`` (the ``build_model``
+* ``info_json`` -- one JSON string: ``kind``, ``n_features``, ``config`` (the ``tcl.models.nets.build_net``
   keyword arguments), ``feature_meta`` (featurizer version, max_len, n_features, vocab, ...),
   ``extra`` (anything JSON-able the caller adds: epoch, metrics, run id), ``torch_version``.
 * ``aux_tensors`` -- optional: named tensors that travel with the weights but are not the net's
