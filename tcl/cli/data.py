@@ -8,6 +8,9 @@ from pathlib import Path
 
 import click
 
+from ..io import json_safe
+from ..sampling import STRATEGIES as SAMPLING_STRATEGIES
+
 
 def _load_params(path: str) -> dict:
     from ..config import ParamsError, load_params
@@ -143,16 +146,30 @@ def _rpc(tracker: str | None, key: str | None):
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
 @click.option("--workload", multiple=True, help="Workload/task name (repeatable).")
 @click.option("--network", multiple=True, help="All tasks of a network (repeatable).")
-@click.option("--trials", type=int, required=True, help="Distinct programs per task.")
+@click.option("--trials", type=int, default=None, help="Distinct programs per task (required without --sample).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
 @click.option("--rpc-key", default=None, help="Device key registered with the tracker.")
 @click.option("--number", type=int, default=1, show_default=True)
 @click.option("--repeat", type=int, default=3, show_default=True)
 @click.option("--min-repeat-ms", type=int, default=20, show_default=True)
+@click.option("--sample", "strategy", type=click.Choice(list(SAMPLING_STRATEGIES)), default=None,
+              help="Active collection: generate candidates without measuring them and measure only the "
+                   "ones this strategy chooses, round by round (needs --budget; docs/sampling.md).")
+@click.option("--budget", type=int, default=None, help="With --sample: programs to measure in all.")
+@click.option("--rounds", type=int, default=None, help="With --sample: rounds of choose -> measure -> retrain "
+                                                       "(default: params.yaml sample.rounds).")
+@click.option("--pool-size", type=int, default=256, show_default=True,
+              help="With --sample: candidate programs generated per task.")
+@click.option("--model", "model_ref", default=None,
+              help="With --sample: a cost model whose embedding and uncertainty serve from the first round "
+                   "(checkpoint, training dir or MLflow URI, as `tcl evaluate --model`).")
+@click.option("--params", "params_path", default="params.yaml", show_default=True,
+              help="With --sample: params.yaml with the sample: section (and featurize.max_len).")
 @click.option("--json", "as_json", is_flag=True)
 def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rpc_key,
-            number, repeat, min_repeat_ms, as_json) -> None:
+            number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_ref, params_path,
+            as_json) -> None:
     """Measure real programs with TVM MetaSchedule into a MetaSchedule database (resumable)."""
     from ..collect.networks import Task, network_tasks
     from ..collect.workloads import resolve_workload
@@ -164,6 +181,12 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
         _fail(exc.args[0])
     if not workload and not network:
         _fail("give --workload NAME or --network NAME")
+    if strategy is None and trials is None:
+        _fail("give --trials N (or --sample STRATEGY --budget N)")
+    if strategy is not None and budget is None:
+        _fail("--sample needs --budget N (programs to measure)")
+    if strategy is None and (budget is not None or rounds is not None or model_ref is not None):
+        _fail("--budget, --rounds and --model need --sample STRATEGY")
     tasks: dict = {}
     try:
         for name in workload:
@@ -173,9 +196,17 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
             tasks.update(network_tasks(list(network)))
     except KeyError as exc:
         _fail(exc.args[0])
+    settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
+    if strategy is not None:
+        result = _collect_active(platform, list(tasks.values()), out, settings, _rpc(rpc_tracker, rpc_key),
+                                 strategy, budget, rounds, pool_size, seed, model_ref, params_path)
+        click.echo(json.dumps(json_safe(result)) if as_json else
+                   f"{platform.name}: {result['measured']} measured now, {result['present']} already present "
+                   f"(budget {result['budget']} of a pool of {result['pool']}, {result['strategy']}, "
+                   f"{len(result['rounds'])} round(s) now), failures: {result['failed'] or 'none'}")
+        return
     from ..collect.collector import collect as run_collect
 
-    settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
     try:
         summary = run_collect([platform], list(tasks.values()), trials, out, settings=settings, seed=seed,
                               rpc=_rpc(rpc_tracker, rpc_key), per_platform_dirs=False)
@@ -186,6 +217,33 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     click.echo(json.dumps(result) if as_json else
                f"{platform.name}: {s['measured']} measured now, {s['present']} already present, "
                f"failures: {s['failed'] or 'none'}")
+
+
+def _collect_active(platform, tasks, out, settings, rpc, strategy, budget, rounds, pool_size, seed,
+                    model_ref, params_path) -> dict:
+    """`tcl collect --sample`: the work is in tcl.sampling.active."""
+    import tempfile
+
+    from ..sampling import SampleSettings, SamplingError
+    from ..sampling.active import ActiveSettings, collect_active
+    from ..sampling.subset import run_settings
+    from .models import _params, load_model_ref
+
+    params = _params(params_path)
+    try:
+        sample_settings = SampleSettings.from_params(params)
+    except ValueError as exc:
+        _fail(f"{params_path}: {exc}")
+    active = ActiveSettings(strategy=strategy, budget=budget, pool_size=pool_size, seed=seed,
+                            rounds=run_settings(params)["rounds"] if rounds is None else rounds,
+                            max_len=int((params.get("featurize") or {}).get("max_len", 48)))
+    with tempfile.TemporaryDirectory(prefix="tcl-collect-") as tmp:
+        model = load_model_ref(model_ref, tmp) if model_ref is not None else None
+        try:
+            return collect_active(platform, tasks, out, active, sample_settings, model=model,
+                                  settings=settings, rpc=rpc)
+        except (SamplingError, ValueError, ConnectionError) as exc:
+            _fail(str(exc))
 
 
 @click.group()

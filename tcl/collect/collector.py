@@ -53,7 +53,7 @@ def _task_meta(task: Task) -> dict:
     }
 
 
-def _record_task(out: Path, shash: str, task: Task) -> None:
+def record_task(out: Path, shash: str, task: Task) -> None:
     path = out / "tasks.json"
     tasks = json.loads(path.read_text()) if path.exists() else {}
     if tasks.get(shash) != _task_meta(task):
@@ -61,7 +61,7 @@ def _record_task(out: Path, shash: str, task: Task) -> None:
         atomic_write_json(path, tasks)
 
 
-def _record_settings(out: Path, platform: Platform, settings: MeasureSettings, seed: int,
+def record_settings(out: Path, platform: Platform, settings: MeasureSettings, seed: int,
                      rpc: RpcSettings | None) -> None:
     import tvm
 
@@ -109,7 +109,7 @@ def collect(
     dbs = {}
     for p in platforms:
         outs[p.name].mkdir(parents=True, exist_ok=True)
-        _record_settings(outs[p.name], p, settings, seed, rpc)
+        record_settings(outs[p.name], p, settings, seed, rpc)
         dbs[p.name] = open_database(outs[p.name])
 
     builder = make_builder(settings)
@@ -126,7 +126,7 @@ def collect(
         mod = build_workload(task.op)
         shash = str(structural_hash(mod))
         for p in platforms:
-            _record_task(outs[p.name], shash, task)
+            record_task(outs[p.name], shash, task)
         done = {p.name: existing_programs(dbs[p.name], mod) for p in platforms}
         programs = sample_programs(mod, platforms[0].target, n_programs, seed=seed * 1000 + t_index)
         for p in platforms:

@@ -147,16 +147,22 @@ def open_database(out_dir: str | os.PathLike):
 
 def existing_programs(db, mod) -> set[str]:
     """Program ids already recorded for this workload, failed ones included (resume skips them)."""
+    return set(existing_latencies(db, mod))
+
+
+def existing_latencies(db, mod) -> dict[str, float]:
+    """Program id -> mean recorded run seconds (FAILED_RUN_SECS for a failed one) of this workload."""
     if not db.has_workload(mod):
-        return set()
+        return {}
     from tvm_ffi import structural_hash
 
     shash = structural_hash(mod)
-    return {
-        program_id(to_python(rec.trace.as_json()))
-        for rec in db.get_all_tuning_records()
-        if structural_hash(rec.workload.mod) == shash
-    }
+    out = {}
+    for rec in db.get_all_tuning_records():
+        if structural_hash(rec.workload.mod) == shash:
+            secs = [float(s) for s in to_python(rec.run_secs)] if rec.run_secs is not None else []
+            out[program_id(to_python(rec.trace.as_json()))] = sum(secs) / len(secs) if secs else FAILED_RUN_SECS
+    return out
 
 
 def make_builder(settings: MeasureSettings):

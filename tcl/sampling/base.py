@@ -143,18 +143,35 @@ class Sampler(abc.ABC):
     def choose(self, state: RoundState, budget: int) -> np.ndarray:
         """`budget` distinct pool indices, none of them in ``state.chosen``."""
 
-    def select(self, pool: Pool, budget: int, reveal: Reveal, model=None) -> Selection:
+    def select(self, pool: Pool, budget: int, reveal: Reveal, model=None,
+               known: tuple[np.ndarray, np.ndarray] | None = None, first_round: int = 0) -> Selection:
+        """Choose `budget` programs of `pool` over this sampler's rounds.
+
+        `known` = (indices, latencies) of programs revealed before this call (an active collection
+        resumed, or driven one round at a time): they count as chosen and are never chosen again,
+        and a model-using strategy retrains on them before its first round. `budget` counts only
+        the new programs, and `first_round` numbers this call's rounds (their seeds and records)
+        after those already run. The Selection holds only the new programs.
+        """
         n = len(pool)
         budget = int(budget)
-        if not 0 < budget <= n:
-            raise SamplingError(f"budget {budget} must be in [1, {n}] (the pool's size)")
+        chosen = np.zeros(0, np.int64) if known is None else np.asarray(known[0], np.int64)
+        latency = np.zeros(0, np.float64) if known is None else np.asarray(known[1], np.float64)
+        if chosen.shape != latency.shape or len(np.unique(chosen)) != len(chosen):
+            raise SamplingError(f"known: {len(chosen)} distinct indices and {len(latency)} latencies expected")
+        if len(chosen) and (chosen.min() < 0 or chosen.max() >= n or not np.all(np.isfinite(latency) & (latency > 0))):
+            raise SamplingError("known: indices must be in the pool and latencies finite seconds > 0")
+        if not 0 < budget <= n - len(chosen):
+            raise SamplingError(f"budget {budget} must be in [1, {n - len(chosen)}] (the pool's size"
+                                f"{f' less {len(chosen)} known' if len(chosen) else ''})")
         t_start, t_reveal = time.perf_counter(), 0.0
-        chosen = np.zeros(0, np.int64)
-        latency = np.zeros(0, np.float64)
+        n_known = len(chosen)
         model = model if self.uses_model else None
+        if self.uses_model and n_known:
+            model = self.learner.retrain(pool, model, chosen, latency, max(first_round - 1, 0))
         records = []
         budgets = split_budget(budget, self.rounds)
-        for r, b in enumerate(budgets):
+        for r, b in enumerate(budgets, start=int(first_round)):
             rng = np.random.default_rng([self.seed, r])
             view = self.learner.view(pool, model, chosen, latency, rng) if self.uses_model else None
             state = RoundState(pool, r, chosen, latency, rng, view)
@@ -171,9 +188,9 @@ class Sampler(abc.ABC):
             records.append({"round": r, "budget": int(b), "selected": int(len(new)),
                             "uncertainty": view.uncertainty_source if view is not None else None,
                             **state.record})
-            if self.uses_model and r + 1 < len(budgets):
+            if self.uses_model and r + 1 < first_round + len(budgets):
                 model = self.learner.retrain(pool, model, chosen, latency, r)
-        return Selection(indices=chosen, rounds=records,
+        return Selection(indices=chosen[n_known:], rounds=records,
                          seconds=time.perf_counter() - t_start - t_reveal)
 
 
