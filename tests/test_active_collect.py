@@ -95,18 +95,18 @@ def test_only_the_chosen_budget_is_measured_and_a_larger_budget_resumes(tmp_path
 
     # a larger budget measures only the difference, in a new round; the first records stay as they were
     before = (db / "database_tuning_record.json").read_text().splitlines()
-    summary = _summary(run_tcl(*_args(db, 8)))
-    assert (summary["measured"], summary["present"]) == (4, 4)
-    assert [(r["round"], r["selected"]) for r in summary["rounds"]] == [(2, 4)]
+    summary = _summary(run_tcl(*_args(db, 6)))
+    assert (summary["measured"], summary["present"]) == (2, 4)
+    assert [(r["round"], r["selected"]) for r in summary["rounds"]] == [(2, 2)]
     after = (db / "database_tuning_record.json").read_text().splitlines()
-    assert after[:4] == before and len(after) == 8
-    assert _db_programs(db) == sorted(_chosen(db)) and len(set(_chosen(db))) == 8
+    assert after[:4] == before and len(after) == 6
+    assert _db_programs(db) == sorted(_chosen(db)) and len(set(_chosen(db))) == 6
 
 
 @pytest.mark.slow
 def test_a_round_interrupted_while_measuring_resumes_with_the_programs_it_chose(tmp_path):
     db = tmp_path / "db"
-    args = [sys.executable, "-m", "tcl.cli", *map(str, _args(db, 8))]
+    args = [sys.executable, "-m", "tcl.cli", *map(str, _args(db, 4))]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     state, deadline = None, time.monotonic() + 120
     try:
@@ -122,14 +122,14 @@ def test_a_round_interrupted_while_measuring_resumes_with_the_programs_it_chose(
         stop_process_tree(proc)
     assert state is not None, "the run never reached its second round's measurement"
     first, pending = state["rounds"][0]["programs"], state["pending"]
-    assert len(first) == 4 and len(pending) == 4
+    assert len(first) == 2 and len(pending) == 2
     on_disk = len(_db_programs(db))
-    assert 4 <= on_disk <= 8
+    assert 2 <= on_disk <= 4
 
-    summary = _summary(run_tcl(*_args(db, 8)))
+    summary = _summary(run_tcl(*_args(db, 4)))
     # the interrupted round is finished with the programs it chose; nothing is chosen anew
-    assert summary["measured"] == 8 - on_disk and summary["rounds"] == []
-    assert sorted(_db_programs(db)) == sorted(first + pending)
+    assert summary["measured"] == 4 - on_disk and summary["rounds"] == []
+    assert _db_programs(db) == sorted(first + pending)
     assert json.loads((db / STATE_FILE).read_text())["pending"] == []
 
 

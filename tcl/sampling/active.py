@@ -16,8 +16,8 @@ Resuming: the database is the truth for what is measured (any program of the poo
 known, whoever measured it), and ``active.json`` beside it (written atomically) keeps the programs
 chosen but not yet measured and the round log. Rerunning with the same settings measures the
 pending programs first, then chooses again until the (possibly larger) budget is spent. Each
-round's choice depends only on what is measured before it, so a resumed run chooses what an
-uninterrupted one would.
+round retrains from the given model (or from scratch) on what is measured before it, with the
+round's own seeds: a resumed run's rounds see what an uninterrupted run's would.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ class ActiveCollection:
         self.platform, self.out, self.active = platform, out, active
         self.settings, self.rpc = settings, rpc
         self.tasks = tasks
+        self.state = self._load_state()  # first: a mismatched resumption fails before any work
         self.db = open_database(out)
         self.cand = generate_candidates(tasks, platform.target, active.pool_size, active.seed, active.max_len)
         self.cand.pool.task_info["platform"] = platform.name
@@ -141,7 +142,6 @@ class ActiveCollection:
             for pid, secs in existing_latencies(self.db, mod).items():
                 if pid in self.row_of:
                     self.known[self.row_of[pid]] = secs
-        self.state = self._load_state()
         self.builder = None
         self.runner = None
         self.failed: Counter = Counter()
@@ -191,29 +191,26 @@ class ActiveCollection:
         if self.builder is None:
             self.builder = make_builder(self.settings)
             self.runner = make_runner(self.platform.threads or 1, self.settings, self.rpc)
-        by_task: dict[int, list[int]] = {}
-        for i in todo:
-            by_task.setdefault(self.cand.programs[i][0], []).append(i)
-        for t, members in by_task.items():
-            mod = self.cand.mods[t]
-            for a in range(0, len(members), CHUNK):
-                chunk = members[a:a + CHUNK]
-                scheds = [self.cand.programs[i][1] for i in chunk]
-                builds = build_all(self.builder, [s.mod for s in scheds], self.platform.target)
-                if self.rpc is None:
-                    os.environ["TVM_NUM_THREADS"] = str(self.platform.threads or 1)
-                    self.waited_s += wait_for_quiet_cpu(self.settings)
-                outcomes = run_all(self.runner, [s.mod for s in scheds], builds, self.platform.target)
-                for i, sch, (secs, err) in zip(chunk, scheds, outcomes):
-                    commit(self.db, mod, sch.trace, secs, self.platform.target)
-                    self.known[i] = sum(secs) / len(secs) if secs else FAILED_RUN_SECS
-                    self.measured_now += 1
-                    if err:  # "build: ..." / "run: ...": count by stage and TVM's last line
-                        stage, _, last = err.partition(": ")
-                        self.failed[f"{stage}: {last[:80]}"] += 1
-                remove_artifacts(builds)
-                self.bar.update(len(chunk))
-                self.save_state(pending=[i for i in todo if i not in self.known])
+        # a round spreads over many tasks, a few programs each: build and run them together (each
+        # build call starts its own worker pool, seconds that would otherwise be paid per task)
+        for a in range(0, len(todo), CHUNK):
+            chunk = todo[a:a + CHUNK]
+            scheds = [self.cand.programs[i][1] for i in chunk]
+            builds = build_all(self.builder, [s.mod for s in scheds], self.platform.target)
+            if self.rpc is None:
+                os.environ["TVM_NUM_THREADS"] = str(self.platform.threads or 1)
+                self.waited_s += wait_for_quiet_cpu(self.settings)
+            outcomes = run_all(self.runner, [s.mod for s in scheds], builds, self.platform.target)
+            for i, sch, (secs, err) in zip(chunk, scheds, outcomes):
+                commit(self.db, self.cand.mods[self.cand.programs[i][0]], sch.trace, secs, self.platform.target)
+                self.known[i] = sum(secs) / len(secs) if secs else FAILED_RUN_SECS
+                self.measured_now += 1
+                if err:  # "build: ..." / "run: ...": count by stage and TVM's last line
+                    stage, _, last = err.partition(": ")
+                    self.failed[f"{stage}: {last[:80]}"] += 1
+            remove_artifacts(builds)
+            self.bar.update(len(chunk))
+            self.save_state(pending=[i for i in todo if i not in self.known])
         return np.asarray([self.known[i] for i in rows], np.float64)
 
     def known_arrays(self) -> tuple[np.ndarray, np.ndarray]:
@@ -248,14 +245,14 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
                                 "reads MetaSchedule's per-store features")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    record_settings(out, platform, settings, active.seed, rpc)
     run = ActiveCollection(platform, tasks, out, active, settings, rpc, progress)
-    for task, shash in zip(tasks, run.cand.hashes):
-        record_task(out, shash, task)
     pool_n = len(run.cand.programs)
     if active.budget > pool_n:
         raise SamplingError(f"budget {active.budget} exceeds the pool: {pool_n} candidate programs "
                             f"({len(tasks)} task(s), --pool-size {active.pool_size}); raise --pool-size")
+    record_settings(out, platform, settings, active.seed, rpc)
+    for task, shash in zip(tasks, run.cand.hashes):
+        record_task(out, shash, task)
     present = len(run.known)
 
     # a round interrupted while measuring: finish the programs it chose before choosing again
