@@ -74,6 +74,7 @@ def test_only_the_chosen_budget_is_measured_and_a_larger_budget_resumes(tmp_path
     # exactly the budget, exactly the programs the sampler chose, all from the candidate pool a
     # plain collection would draw: the 28 unchosen were never measured, so no label of theirs exists
     assert len(measured) == 4 and measured == sorted(_chosen(db))
+    assert json.loads((db / STATE_FILE).read_text())["measured"] == measured
     assert set(measured) <= _reference_pool(32)
     report = ingest(db, PLATFORM, tmp_path / "r.parquet")
     assert report.records + sum(summary["failed"].values()) == 4 and report.tasks == 1
@@ -81,7 +82,7 @@ def test_only_the_chosen_budget_is_measured_and_a_larger_budget_resumes(tmp_path
     # records: a model trained on the collected data scores the pool as the sampler saw it
     fs = featurize_table(read_records(tmp_path / "r.parquet"))
     pool = generate_candidates([Task("dense_64_64_64", resolve_workload("dense_64"), {})],
-                               get_platform(PLATFORM).target, 32, 0, fs.meta["max_len"]).pool
+                               get_platform(PLATFORM), 32, 0, fs.meta["max_len"]).pool
     row = {pid: i for i, pid in enumerate(pool.task_info["program_id"])}
     pool_x = sorted(pool.x[row[pid]].tobytes() for pid in measured)
     assert len(fs) == report.records and all(x.tobytes() in pool_x for x in fs.x)
@@ -203,3 +204,22 @@ def test_known_programs_are_never_chosen_nor_revealed_and_unchosen_labels_are_un
     latency[hidden] = np.random.default_rng(0).permutation(latency[hidden])
     again, _ = run(latency)
     assert np.array_equal(again.indices, sel.indices)
+
+
+def test_retraining_between_rounds_leaves_the_given_model_unchanged(one_torch_thread):
+    """Each round retrains a copy: the family's KB a collection starts from is never changed."""
+    import torch
+
+    from tcl.models import new_model
+    from tcl.sampling import Pool
+    from tests.test_training import F
+
+    fs = blobs(n_blobs=4, per_blob=20, seed=3)
+    model = new_model("mlp", F, {"hidden": 16, "n_layers": 1})
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    known = np.array([0, 21, 42, 63])
+    sampler = make_sampler("rdu", settings(), seed=1, rounds=2)
+    sampler.select(Pool.from_features(fs), 8, lambda i: fs.latency[i], model=model,
+                   known=(known, fs.latency[known]), first_round=1)
+    assert sampler.learner.retrained == 2
+    assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())

@@ -14,7 +14,7 @@ retrains on everything measured. Unchosen programs are never measured: no label 
 
 Resuming: the database is the truth for what is measured (any program of the pool it holds is
 known, whoever measured it), and ``active.json`` beside it (written atomically) keeps the programs
-chosen but not yet measured and the round log. Rerunning with the same settings measures the
+measured, those chosen but not yet measured, and the round log. Rerunning with the same settings measures the
 pending programs first, then chooses again until the (possibly larger) budget is spent. Each
 round retrains from the given model (or from scratch) on what is measured before it, with the
 round's own seeds: a resumed run's rounds see what an uninterrupted run's would.
@@ -78,21 +78,25 @@ class Candidates:
     programs: list                # per pool row: (task index, Schedule, program id)
     pool: Pool
     dropped: int                  # candidates whose trace has no step features (never offered)
+    short_tasks: dict             # task name -> candidates drawn, where its design space had fewer than asked
 
 
-def generate_candidates(tasks: list[Task], target: dict, pool_size: int, seed: int, max_len: int) -> Candidates:
+def generate_candidates(tasks: list[Task], platform: Platform, pool_size: int, seed: int, max_len: int) -> Candidates:
     """`pool_size` distinct programs per task (fewer for a small design space), featurized."""
     from tvm_ffi import structural_hash
 
     from tcl.features import Featurizer
     from tcl.records.metaschedule import trace_to_steps
 
-    mods, programs, steps, dropped = [], [], [], 0
+    mods, programs, steps, dropped, short = [], [], [], 0, {}
     for t_index, task in enumerate(tasks):
         mod = build_workload(task.op)
         mods.append(mod)
         # the seed `tcl collect` gives task t_index: a plain collection draws the same programs
-        for sch, trace_json, pid in sample_programs(mod, target, pool_size, seed=seed * 1000 + t_index):
+        drawn = sample_programs(mod, platform.target, pool_size, seed=seed * 1000 + t_index)
+        if len(drawn) < pool_size:
+            short[task.name] = len(drawn)
+        for sch, trace_json, pid in drawn:
             # plain JSON values, as the database file holds them (TVM's strings are str subclasses,
             # which the reader's fast type checks do not take for strings)
             program_steps = trace_to_steps(json.loads(json.dumps(trace_json)))
@@ -107,9 +111,9 @@ def generate_candidates(tasks: list[Task], target: dict, pool_size: int, seed: i
         "tasks": [t.name for t in tasks], "task_desc": [describe(t.op) for t in tasks],
         "task_weight": np.asarray([t.weight for t in tasks], np.float64),
         "task_networks": [list(t.networks) for t in tasks],
-        "task_network_weights": [dict(t.weights) for t in tasks], "platform": "",
+        "task_network_weights": [dict(t.weights) for t in tasks], "platform": platform.name,
         "meta": featurizer.meta, "program_id": np.asarray([pid for _, _, pid in programs], dtype=str)})
-    return Candidates(mods, [str(structural_hash(m)) for m in mods], programs, pool, dropped)
+    return Candidates(mods, [str(structural_hash(m)) for m in mods], programs, pool, dropped, short)
 
 
 def round_plan(budget: int, rounds: int, measured: int) -> list[tuple[int, int]]:
@@ -133,8 +137,7 @@ class ActiveCollection:
         self.tasks = tasks
         self.state = self._load_state()  # first: a mismatched resumption fails before any work
         self.db = open_database(out)
-        self.cand = generate_candidates(tasks, platform.target, active.pool_size, active.seed, active.max_len)
-        self.cand.pool.task_info["platform"] = platform.name
+        self.cand = generate_candidates(tasks, platform, active.pool_size, active.seed, active.max_len)
         self.row_of = {pid: i for i, (_, _, pid) in enumerate(self.cand.programs)}
         # the pool's programs the database already holds: row -> latency
         self.known: dict[int, float] = {}
@@ -177,7 +180,8 @@ class ActiveCollection:
 
     def save_state(self, pending: list[int]) -> None:
         self.state.update(budget=self.active.budget, rounds_planned=self.active.rounds,
-                          measured=len(self.known), pool=len(self.cand.programs),
+                          pool=len(self.cand.programs),
+                          measured=sorted(self.cand.programs[i][2] for i in self.known),
                           pending=[self.cand.programs[i][2] for i in pending])
         atomic_write_json(self.out / STATE_FILE, self.state)
 
@@ -277,7 +281,8 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     run.save_state(pending=[])
     run.bar.close()
     return {"platform": platform.name, "tasks": len(tasks), "strategy": active.strategy,
-            "pool": pool_n, "dropped": run.cand.dropped, "budget": active.budget,
+            "pool": pool_n, "dropped": run.cand.dropped, "short_tasks": run.cand.short_tasks,
+            "budget": active.budget,
             "measured": run.measured_now, "present": present, "failed": dict(run.failed),
             "rounds": rounds_now, "sampler_seconds": round(sampler_s, 3),
             "waited_for_quiet_cpu_s": run.waited_s, "settings": asdict(active)}

@@ -123,8 +123,11 @@ class Learner:
         return self._embedding[1]
 
     def retrain(self, pool, model, chosen: np.ndarray, latency: np.ndarray, round_index: int):
-        """The model after training on every revealed program: a given model continues from its
-        weights; without one, a fresh model of ``retrain.kind`` (None when that is ``none``)."""
+        """The model after training on every revealed program: a copy of a given model continues
+        from its weights (the caller's model, e.g. a family's KB, is never changed); without one, a
+        fresh model of ``retrain.kind`` (None when that is ``none``)."""
+        import copy
+
         from tcl.models import model_config, new_model
         from tcl.training import seed_everything, train_model
 
@@ -138,6 +141,8 @@ class Learner:
         if model is None:
             config = model_config(kind, {"models": self.settings.models}, self.settings.retrain.get("preset"))
             model = new_model(kind, labelled.x.shape[2], config, labelled.meta)
+        else:
+            model = copy.deepcopy(model)
         with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
             model, _ = train_model(model, labelled, [], train_params, tmp, progress=False, resume=False)
         self.retrained += 1
