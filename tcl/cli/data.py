@@ -170,7 +170,10 @@ def _rpc(tracker: str | None, key: str | None):
 def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rpc_key,
             number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_ref, params_path,
             as_json) -> None:
-    """Measure real programs with TVM MetaSchedule into a MetaSchedule database (resumable)."""
+    """Measure real programs with TVM MetaSchedule into a MetaSchedule database (resumable).
+
+    With --sample, only the programs a sampler chooses from --pool-size candidates per task are
+    measured, round by round, until --budget is spent."""
     from ..collect.networks import Task, network_tasks
     from ..collect.workloads import resolve_workload
     from ..hardware import get_platform

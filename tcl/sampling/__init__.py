@@ -5,6 +5,8 @@
     selection = sampler.select(Pool.from_features(fs), budget, reveal, model=None)
 
     subset, selection = tcl.sampling.subset.sample_features(fs, 0.1, "rdu", params)   # `tcl sample`
+    summary = tcl.sampling.active.collect_active(platform, tasks, out, ActiveSettings("rdu", budget=64))
+                                                          # `tcl collect --sample`: measure only the chosen
 
 A sampler sees a :class:`Pool` (features and tasks, no labels) and learns labels only through
 `reveal(indices)`, round by round (choose -> reveal -> retrain -> rescore). Strategies:
