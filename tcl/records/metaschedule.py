@@ -15,7 +15,7 @@ no information and are dropped.
 
 A trace is walked in C (`trace_steps.c`, built by setup.py) where that is built; the C walker
 hands any trace not shaped as TVM writes them back to the Python walker below, which stays the
-reference: the two give the same steps (tests/test_records.py checks it on the bundled data).
+reference: the two give the same steps (tests/test_trace_steps.py checks it on the bundled data).
 
 Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
 workload's readable name, weight, networks and occurrences per network (`weights`); without it

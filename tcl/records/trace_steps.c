@@ -1,11 +1,11 @@
-/* The compiled form of tcl.records.metaschedule's trace walker: `_trace_to_steps_py` in C.
+/* The compiled form of tcl.records.metaschedule's trace walker: `trace_to_steps_py` in C.
  *
  * Same steps, same objects, for every trace it accepts; it accepts only traces shaped as
  * orjson parses TVM's (lists, exact str/int, ASCII variable names) and returns None for
  * anything else -- an unknown kind, a malformed instruction, a value the Python walker would
  * trip on -- so that the Python walker decides those (its result, its reject reason). It never
  * raises except on memory exhaustion. Built by setup.py as tcl/records/_trace_steps*.so;
- * optional: without it the Python walker runs alone (tests/test_records.py compares the two).
+ * optional: without it the Python walker runs alone (tests/test_trace_steps.py compares the two).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
