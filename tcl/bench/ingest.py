@@ -15,8 +15,8 @@ Baselines, timed in the same run on the same lines already in memory, in one pro
 stdlib `json.loads` (a plain reader) and `orjson.loads` (parsing alone: the floor of this
 reader, which parses with orjson). For MetaSchedule also the trace walker alone (traces to
 steps, the reader's main work after parsing), the Python one against the compiled one
-(`tcl/records/trace_steps.c`), alternating on the same parsed traces. `records_per_cpu_s` is records per second of worker CPU time,
-the rate of one core whatever else runs on the machine.
+(`tcl/records/trace_steps.c`), alternating on the same parsed traces. `records_per_cpu_s` is
+records per second of worker CPU time, the rate of one core whatever else runs on the machine.
 """
 
 from __future__ import annotations
