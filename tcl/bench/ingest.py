@@ -13,8 +13,10 @@
 
 Baselines, timed in the same run on the same lines already in memory, in one process: the
 stdlib `json.loads` (a plain reader) and `orjson.loads` (parsing alone: the floor of this
-reader, which parses with orjson). `records_per_cpu_s` is records per second of worker CPU time,
-the rate of one core whatever else runs on the machine.
+reader, which parses with orjson). For MetaSchedule also the trace walker alone (traces to
+steps, the reader's main work after parsing), the Python one against the compiled one
+(`tcl/records/trace_steps.c`), alternating on the same parsed traces. `records_per_cpu_s` is
+records per second of worker CPU time, the rate of one core whatever else runs on the machine.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ import orjson
 from ..features import Featurizer
 from ..records import Record, Reject, gc_paused, read_lines
 from ..records.ansor import read_ansor_lines
-from ..records.metaschedule import read_records, read_workloads
+from ..records.metaschedule import (HAS_COMPILED_WALKER, read_records, read_workloads, trace_to_steps,
+                                    trace_to_steps_py)
 
 BATCH = 1024  # records featurized at once: bounds a worker's memory (~16 KB of features a record)
 CHUNK_BYTES = 8 << 20  # Ansor input per job
+WALKER_TRACES = 10_000  # MetaSchedule traces the walkers are timed on (each walker twice)
 
 
 def _featurize_stream(items, max_len: int) -> dict:
@@ -116,6 +120,36 @@ def _baselines(lines: list[bytes]) -> dict:
     return {"baseline_json_loads_per_s": len(lines) / (t1 - t0), "baseline_orjson_per_s": len(lines) / (t2 - t1)}
 
 
+def _walker_baselines(lines: list[bytes], n: int = WALKER_TRACES, rounds: int = 2) -> dict:
+    """Per-record microseconds of the Python and the compiled trace walker on the same traces
+    (the first `n` parseable), alternating; the compiled one is None where it was not built."""
+    traces = []
+    for line in lines:
+        try:
+            trace = orjson.loads(line)[1][0]
+        except (orjson.JSONDecodeError, IndexError, TypeError, KeyError):
+            continue
+        traces.append(trace)
+        if len(traces) == n:
+            break
+    walkers = {"us_walk_python": trace_to_steps_py}
+    if HAS_COMPILED_WALKER:
+        walkers["us_walk_compiled"] = trace_to_steps
+    best = dict.fromkeys(("us_walk_python", "us_walk_compiled"))
+    with gc_paused():
+        for _ in range(rounds):
+            for key, walk in walkers.items():
+                t0 = time.perf_counter()
+                for trace in traces:
+                    try:
+                        walk(trace)
+                    except (ValueError, TypeError, IndexError, KeyError):
+                        pass  # a malformed trace: timed as the reader meets it
+                us = (time.perf_counter() - t0) * 1e6 / max(len(traces), 1)
+                best[key] = us if best[key] is None else min(best[key], us)
+    return {**best, "walker_traces": len(traces)}
+
+
 def _row(fmt: str, source: str, n_lines: int, seconds: float, total: dict, base: dict, workers: int) -> dict:
     rate = n_lines / seconds
     us = 1e6 / n_lines
@@ -145,6 +179,7 @@ def bench_metaschedule(databases: list[Path], workers: int = 2, max_len: int = 4
     read_seconds = time.perf_counter() - t0
     lines = [line for _, db_lines, _ in _DATABASES for line in db_lines if line and not line.isspace()]
     base = _baselines(lines)
+    walkers = _walker_baselines(lines)
     n_slices = max(workers, 1)  # equal slices, as many per database as workers: every core busy to the end
     jobs = []
     for db, (_, db_lines, _) in enumerate(_DATABASES):
@@ -159,7 +194,7 @@ def bench_metaschedule(databases: list[Path], workers: int = 2, max_len: int = 4
     source = (f"{len(databases)} real databases ({names}): {len(lines):,} records, "
               f"{size / 1e6:.1f} MB gzip, {sum(map(len, lines)) / 1e6:.1f} MB JSON; read once "
               f"({read_seconds:.2f} s, in the wall time), parsed in {len(jobs)} slices")
-    return _row("metaschedule", source, len(lines), seconds + read_seconds, total, base, workers)
+    return {**_row("metaschedule", source, len(lines), seconds + read_seconds, total, base, workers), **walkers}
 
 
 def _record_file(db: Path) -> Path:
@@ -257,6 +292,11 @@ def format_rows(rows: list[dict]) -> str:
     out.extend(f"{r['format']}: one core's time per record: {r['us_read_validate']:.1f} us read + validate "
                f"(JSON parsing alone: {r['us_orjson_alone']:.1f} us), {r['us_featurize']:.1f} us featurize"
                for r in rows)
+    out.extend(f"{r['format']}: the trace walker alone, per record ({r['walker_traces']:,} traces, same process, "
+               f"alternating): {r['us_walk_python']:.1f} us in Python, "
+               + (f"{r['us_walk_compiled']:.1f} us compiled" if r["us_walk_compiled"] is not None else
+                  "compiled walker not built (setup.py builds tcl/records/_trace_steps*.so)")
+               for r in rows if "us_walk_python" in r)
     out.append("records/s: read + validate + featurize, wall clock, all workers; per CPU-s: per second of "
                "worker CPU (one core's rate); json.loads/s, orjson/s: parsing the same lines alone, one "
                "process; encoded: steps the featurizer encoded rather than found in its cache")

@@ -13,6 +13,10 @@ input becomes its position among the outputs of the instruction that made it (th
 `RFactor` on the outer or the inner loop of a split would be the same step. Block names carry
 no information and are dropped.
 
+A trace is walked in C (`trace_steps.c`, built by setup.py) where that is built; the C walker
+hands any trace not shaped as TVM writes them back to the Python walker below, which stays the
+reference: the two give the same steps (tests/test_trace_steps.py checks it on the bundled data).
+
 Optional `tasks.json` beside the database (written by `tcl collect`) supplies each
 workload's readable name, weight, networks and occurrences per network (`weights`); without it
 the operator's buffers describe it.
@@ -28,6 +32,12 @@ from typing import Iterator
 import orjson
 
 from . import METASCHEDULE_STEP_KINDS, Record, Reject, check_latencies, loads_lenient, read_lines
+
+try:
+    from ._trace_steps import walk as _walk_compiled
+except ImportError:  # not built (no C compiler at install): the Python walker alone
+    _walk_compiled = None
+HAS_COMPILED_WALKER = _walk_compiled is not None
 
 _KINDS = frozenset(METASCHEDULE_STEP_KINDS)
 _RV = re.compile(r"^[a-z]\d+$")  # random-variable names: b0 (block), l2 (loop), v5 (expr)
@@ -46,11 +56,22 @@ def _flatten(value, out: list) -> None:
 
 _DROP = object()  # the value of a block variable: it names, it carries no number
 _TILE_KINDS = frozenset(("SamplePerfectTile", "SamplePartitionedTile"))
+_CATEGORICAL = "SampleCategorical"
 _POSITIONS = range(1 << 16)
 
 
 def trace_to_steps(trace) -> list | str:
-    """Steps of a trace, or an error reason string.
+    """Steps of a trace, or an error reason string (an unknown step kind); raises ValueError,
+    TypeError, IndexError or KeyError on a malformed trace."""
+    if _walk_compiled is not None:
+        steps = _walk_compiled(trace, _KINDS, _TILE_KINDS, _CATEGORICAL)
+        if steps is not None:
+            return steps
+    return trace_to_steps_py(trace)
+
+
+def trace_to_steps_py(trace) -> list | str:
+    """`trace_to_steps` in Python: the reference, and the walker of what the compiled one hands back.
 
     Runs once per record on every instruction (~50 a trace): kept to plain loops over lists.
     """
@@ -98,7 +119,7 @@ def trace_to_steps(trace) -> list | str:
             if kind in _TILE_KINDS:
                 for name, v in zip(outputs, decision):
                     values[name] = v
-            elif kind == "SampleCategorical":
+            elif kind == _CATEGORICAL:
                 candidates = attrs[0]
                 if decision.__class__ is int and 0 <= decision < len(candidates):
                     values[outputs[0]] = candidates[decision]
