@@ -16,15 +16,17 @@ from tcl.records.metaschedule import trace_to_steps
 
 
 def _converter():
+    import tvm
     import tvm_ffi
-    from tvm.ir import save_json
     from tvm.tirx.expr import FloatImm, IntImm
     from tvm.tirx.function import IndexMap
     from tvm_ffi import _ffi_api as ffi
 
     array_class, size, get = tvm_ffi.Array, ffi.ArraySize, ffi.ArrayGetItem
     string_class = type(tvm_ffi.convert("x"))
-    scalars = frozenset((int, float, str, type(None)))
+    scalars = frozenset((int, float, str, bool, type(None)))
+    stringify = tvm_ffi.get_global_func("ffi.json.Stringify")
+    graph_metadata = {"tvm_version": tvm.__version__}
 
     def convert(obj):
         cls = obj.__class__
@@ -32,14 +34,12 @@ def _converter():
             return obj
         if cls is array_class:
             return [convert(get(obj, i)) for i in range(size(obj))]
-        if cls is bool:  # the database file stores flags as 0/1
-            return int(obj)
         if cls is string_class:
             return str(obj)
         if isinstance(obj, (IntImm, FloatImm)):
             return obj.value
-        if isinstance(obj, IndexMap):  # as Trace.as_json writes it
-            return save_json(obj)
+        if isinstance(obj, IndexMap):  # as the database writes it (C++ SaveJSON, indented)
+            return str(stringify(ffi.ToJSONGraph(obj, graph_metadata), 2))
         if isinstance(obj, str):
             return str(obj)
         raise TypeError(f"unexpected {cls.__name__} in a trace's JSON")

@@ -1,0 +1,177 @@
+"""The tuner: TCL's KB steering real MetaSchedule tuning through onnxruntime (tcl.tuner)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, fixture_path, run_tcl
+
+PLATFORM = "znver4-avx512-t2"
+FAMILY = "amd-zen4-avx512"
+TINY = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory):
+    """A tiny Mamba KB trained briefly on the real fixture databases, exported to ONNX."""
+    import torch
+
+    from tcl.export import export_model
+    from tcl.features import featurize_file
+    from tcl.models import new_model
+    from tcl.records.ingest import ingest
+    from tcl.training import train_model
+
+    d = tmp_path_factory.mktemp("tuner-kb")
+    sets = []
+    for name in ("dense_256", "conv2d_small"):
+        ingest(fixture_path(f"metaschedule/{name}"), PLATFORM, d / f"{name}.parquet")
+        sets.append(featurize_file(d / f"{name}.parquet", d / f"{name}.npz", max_len=48))
+    torch.manual_seed(0)
+    model = new_model("mamba", sets[0].meta["n_features"], TINY, sets[0].meta)
+    model, _ = train_model(model, sets, sets[1:], {"epochs": 2, "batch_size": 16, "threads": 1},
+                           d / "train", progress=False)
+    return export_model(model, d / "kb.onnx", FAMILY)
+
+
+def dense_candidates(n: int, seed: int = 0):
+    """Real MetaSchedule candidates of a 64x64x64 matmul: design-space samples, postprocessed."""
+    from tcl.collect.measure import sample_programs
+    from tcl.collect.workloads import SMALL_WORKLOADS, build_workload
+    from tcl.tuner.tune import use_x86_intrinsics_only
+
+    use_x86_intrinsics_only()
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    mod = build_workload(SMALL_WORKLOADS["dense_64"])
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    programs = sample_programs(mod, target, n, seed)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    ctx = ms.TuneContext(mod=mod, target=Target(target))
+    return mod, target, ctx, [ms.MeasureCandidate(sch, args) for sch, _, _ in programs], programs
+
+
+def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path):
+    """The steps of a candidate equal those ingest makes of its database line (the KB was
+    trained on those): committed to a real JSONDatabase, read back by the records reader."""
+    import orjson
+
+    from tcl.collect.measure import commit, open_database
+    from tcl.records.metaschedule import trace_to_steps
+    from tcl.tuner.traces import candidate_steps
+
+    mod, target, _, candidates, programs = dense_candidates(12)
+    db = open_database(tmp_path)
+    for sch, _, _ in programs:
+        commit(db, mod, sch.trace, [1e-3], target)
+    lines = (tmp_path / "database_tuning_record.json").read_text().splitlines()
+    from_file = [trace_to_steps(orjson.loads(line)[1][0]) for line in lines]
+    assert len(from_file) == len(candidates) == 12
+    assert candidate_steps(candidates) == from_file
+
+
+def test_cost_model_scores_equal_the_predictor_on_the_same_features(kb):
+    from tcl.features import Featurizer
+    from tcl.serving import load_predictor
+    from tcl.tuner.cost_model import TCLCostModel, positive_scores
+    from tcl.tuner.traces import candidate_steps
+
+    _, _, ctx, candidates, _ = dense_candidates(40)
+    cm = TCLCostModel(str(kb), family=FAMILY)
+    got = cm.predict(ctx, candidates)
+    x, mask = Featurizer(48)(candidate_steps(candidates))
+    ref = load_predictor(kb).predict(x, mask).astype(np.float64)
+    assert got.dtype == np.float64 and got.shape == (40,)
+    # the logistic map is increasing: the same order, and its values by hand in float64
+    np.testing.assert_allclose(got, 1.0 / (1.0 + np.exp(-ref)), rtol=1e-6)
+    assert np.all(got > 0)
+    assert cm.stats.predict_calls == 1 and cm.stats.candidates_scored == 40 and cm.stats.cached == 0
+    again = cm.predict(ctx, candidates)  # the same schedules again: answered from the cache
+    np.testing.assert_array_equal(again, got)
+    assert cm.stats.cached == 40 and cm.stats.candidates_scored == 80
+    assert positive_scores(np.array([np.nan, -np.inf])).tolist() == [0.0, 0.0]
+
+
+def test_cost_model_refuses_a_kb_of_another_family(kb):
+    from tcl.serving import ModelMismatchError
+    from tcl.tuner.cost_model import TCLCostModel
+
+    with pytest.raises(ModelMismatchError, match="family"):
+        TCLCostModel(str(kb), family="x86-sse")
+
+
+def test_tuner_path_runs_without_torch_or_mlflow(kb):
+    """Neither torch nor MLflow is needed to score candidates (TVM's FFI imports torch when it
+    is installed, so both are blocked here: the tuner must still work)."""
+    code = f"""
+import sys
+sys.modules['torch'] = None; sys.modules['mlflow'] = None   # any import of them fails
+from tests.test_tuner import dense_candidates
+from tcl.tuner.cost_model import TCLCostModel
+_, _, ctx, cands, _ = dense_candidates(8)
+s = TCLCostModel({str(kb)!r}).predict(ctx, cands)
+assert len(s) == 8 and (s > 0).all()
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def tune_json(proc) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tcl_tune_writes_a_database_that_ingests(kb, tmp_path, store):
+    out = tmp_path / "tuned"
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", 8,
+                   "--cost-model", "tcl", "--model", kb, "--out", out, "--min-repeat-ms", 0,
+                   "--repeat", 1, "--no-progress", "--json")
+    result = tune_json(proc)
+    assert set(result) == {"tasks", "weighted_latency_s", "seconds", "predict_calls",
+                           "candidates_scored", "predict_seconds"}
+    (task,) = result["tasks"]
+    assert set(task) == {"task", "best_latency_s", "trials"} and task["task"] == "dense_64"
+    assert task["trials"] == 8 and 0 < task["best_latency_s"] < 1
+    assert result["weighted_latency_s"] == pytest.approx(task["best_latency_s"])
+    assert result["predict_calls"] > 0 and result["candidates_scored"] >= result["predict_calls"]
+    assert 0 < result["predict_seconds"] < result["seconds"]
+    # the best latency reported is the best valid record in the database written
+    lines = [json.loads(s) for s in (out / "database_tuning_record.json").read_text().splitlines()]
+    assert len(lines) == 8
+    best = min(sum(r[1][1]) / len(r[1][1]) for r in lines if max(r[1][1]) < 1e9)
+    assert task["best_latency_s"] == pytest.approx(best, rel=1e-9)
+    # the loop closes: the tuning database is more data for the platform
+    ingested = json.loads(run_tcl("ingest", out, "--platform", PLATFORM, "--out", tmp_path / "t.parquet",
+                                  "--json").stdout.strip().splitlines()[-1])
+    assert ingested["records"] + sum(ingested["rejected"].values()) == 8
+    assert ingested["records"] >= 1 and ingested["tasks"] == 1
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert set(table.column("task_id").to_pylist()) == {"dense_64"}
+    # the run is an MLflow run with the figures
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["tcl-tune"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.params["cost_model"] == "tcl"
+    assert runs[0].data.metrics["candidates_scored"] == result["candidates_scored"]
+
+
+def test_tune_refuses_bad_arguments(tmp_path):
+    proc = run_tcl("tune", "--platform", PLATFORM, "--trials", 8, "--cost-model", "tcl",
+                   "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2 and "exactly one of --workload" in proc.stderr
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", 8,
+                   "--cost-model", "mlp", "--out", tmp_path / "o", "--no-progress", check=False,
+                   env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+    assert proc.returncode == 1 and "--cost-model mlp needs --model" in proc.stderr
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload-db", fixture_path("metaschedule/dense_256"),
+                   "--task-index", 3, "--trials", 8, "--cost-model", "random", "--out", tmp_path / "o",
+                   check=False)
+    assert proc.returncode == 2 and "out of range" in proc.stderr
