@@ -175,3 +175,41 @@ def test_tune_refuses_bad_arguments(tmp_path):
                    "--task-index", 3, "--trials", 8, "--cost-model", "random", "--out", tmp_path / "o",
                    check=False)
     assert proc.returncode == 2 and "out of range" in proc.stderr
+
+
+def test_study_ratios_by_hand():
+    from tcl.bench.tune import ratios
+
+    inf = float("inf")
+    curves = {  # (trials, best latency after each batch, seconds)
+        "tcl": ([16, 32, 48, 64], [9.0, 5.0, 4.0, 4.0], [10.0, 20.0, 30.0, 40.0]),
+        "xgb": ([16, 32, 48, 64], [inf, 8.0, 6.0, 5.0], [12.0, 24.0, 36.0, 48.0]),
+        "random": ([16, 32, 48, 64], [7.0, 3.0, 3.0, 3.0], [11.0, 22.0, 33.0, 44.0]),
+    }
+    r = ratios(curves)
+    # xgb ends at 5.0, which TCL first reaches after 32 trials (20 s): 64/32 trials, 48/20 s
+    assert r["xgb"]["speedup_trials"] == 2.0 and r["xgb"]["speedup_seconds"] == 2.4
+    assert r["xgb"]["latency_ratio_at_equal_trials"] == 5.0 / 4.0
+    # random ends at 3.0, which TCL never reaches
+    assert r["random"]["speedup_trials"] is None and r["random"]["latency_ratio_at_equal_trials"] == 0.75
+
+
+def test_bench_tune_end_to_end(kb, tmp_path):
+    from tcl.bench.tune import bench_tune, format_report
+    from tcl.collect.measure import MeasureSettings
+
+    report = bench_tune(PLATFORM, "dense_64", trials=8, trials_per_iter=4, seeds=(0,),
+                        cost_models=("tcl", "random"), model=str(kb), out_dir=tmp_path,
+                        settings=MeasureSettings(number=1, repeat=1, min_repeat_ms=0), progress=False)
+    for name in ("tcl", "random"):
+        curve = report["curves"][name]
+        assert curve["trials"] == [4, 8]
+        assert curve["best_latency_s"][1] <= curve["best_latency_s"][0]  # a best-so-far curve
+        (task,) = report["runs"][f"{name}/seed0"]["tasks"]
+        assert task["best_latency_s"] == pytest.approx(curve["best_latency_s"][-1])
+    r = report["ratios"]["random"]
+    assert r["latency_ratio_at_equal_trials"] == pytest.approx(
+        report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl"]["best_latency_s"][-1])
+    assert report["cost_model"]["candidates_scored"] > 0
+    text = format_report(report)
+    assert "tcl vs random" in text and "KB inside tuning" in text
