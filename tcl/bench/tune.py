@@ -131,3 +131,54 @@ def format_report(report: dict) -> str:
                      f"{cm['features_seconds']:.2f} s, onnxruntime {cm['score_seconds']:.2f} s), "
                      f"{100 * cm['share_of_tuning']:.1f}% of tuning wall time")
     return "\n".join(lines)
+
+
+def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates: int = 2048,
+                     platform_name: str = "znver4-avx512-t2", seed: int = 0) -> dict:
+    """Trace -> feature -> score speed of the KB's cost model on `n_candidates` distinct real
+    candidates (design-space samples, postprocessed), each scored once (no cache), beside
+    MetaSchedule's own per-store feature extraction of the same candidates (what its XGBoost
+    model reads) measured in the same run."""
+    import time
+
+    from tcl.collect.measure import sample_programs, use_x86_intrinsics_only
+    from tcl.collect.workloads import build_workload, resolve_workload
+    from tcl.hardware import get_platform
+
+    use_x86_intrinsics_only()
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from tcl.tuner.cost_model import TCLCostModel
+
+    platform = get_platform(platform_name)
+    mod = build_workload(resolve_workload(workload))
+    programs = sample_programs(mod, platform.target, n_candidates, seed)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    candidates = [ms.MeasureCandidate(sch, args) for sch, _, _ in programs]
+    ctx = ms.TuneContext(mod=mod, target=Target(dict(platform.target)))
+    cm = TCLCostModel(model)
+    cm.predict(ctx, candidates[:8])  # sessions warm, converters built
+    cm = TCLCostModel(cm.predictor)
+    start = time.perf_counter()
+    cm.predict(ctx, candidates)
+    tcl_s = time.perf_counter() - start
+    extractor = ms.feature_extractor.PerStoreFeature()
+    start = time.perf_counter()
+    extractor.extract_from(ctx, candidates)
+    perstore_s = time.perf_counter() - start
+    n = len(candidates)
+    st = cm.stats
+    return {"workload": workload, "candidates": n, "tcl_candidates_per_s": n / tcl_s,
+            "tcl_us_per_candidate": {"trace_to_steps": 1e6 * st.steps_seconds / n,
+                                     "features": 1e6 * st.features_seconds / n,
+                                     "onnxruntime": 1e6 * st.score_seconds / n},
+            "metaschedule_perstore_candidates_per_s": n / perstore_s}
+
+
+def format_cost_model(row: dict) -> str:
+    us = row["tcl_us_per_candidate"]
+    return (f"{row['workload']}: {row['candidates']} candidates; TCL cost model "
+            f"{row['tcl_candidates_per_s']:.0f}/s (us per candidate: trace->steps {us['trace_to_steps']:.0f}, "
+            f"features {us['features']:.0f}, onnxruntime {us['onnxruntime']:.0f}); baseline, "
+            f"MetaSchedule's per-store feature extraction alone: {row['metaschedule_perstore_candidates_per_s']:.0f}/s")

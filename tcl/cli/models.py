@@ -287,16 +287,26 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
 @click.option("--out", "out_dir", default="runs/bench-tune", show_default=True, type=click.Path(file_okay=False),
               help="Where the tuning databases go (one per model and seed).")
 @click.option("--min-repeat-ms", default=20, show_default=True)
+@click.option("--candidates", type=int, default=None,
+              help="Instead of the study: time the KB's trace -> feature -> score on this many candidates.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON line last.")
 def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost_models, model, mlp_model,
-                   out_dir, min_repeat_ms, progress, as_json):
+                   out_dir, min_repeat_ms, candidates, progress, as_json):
     """Short tuning study: best latency vs trials per cost model and TCL's two ratios (tcl.bench.tune)."""
-    from tcl.bench.tune import bench_tune, format_report
+    from tcl.bench.tune import bench_cost_model, bench_tune, format_cost_model, format_report
     from tcl.collect.measure import MeasureSettings
+    from tcl.hardware import get_platform
     from tcl.registry import TclRegistryError
 
     try:
+        if candidates:
+            row = bench_cost_model(model or f"models:/tcl-kb-{get_platform(platform_name).family}@production",
+                                   workload, candidates, platform_name)
+            click.echo(format_cost_model(row), err=as_json)
+            if as_json:
+                click.echo(json.dumps(row))
+            return
         report = bench_tune(platform_name, workload, trials, trials_per_iter,
                             tuple(int(s) for s in seeds.split(",") if s.strip()),
                             tuple(n.strip() for n in cost_models.split(",") if n.strip()), model, mlp_model,

@@ -5,9 +5,10 @@ instructions kept); `tcl.records.metaschedule.trace_to_steps` turns that JSON in
 same JSON is read straight from the candidate's trace object, so a candidate scored inside tuning
 gets exactly the features its database line gets after ingest (tests/test_tuner.py checks it).
 
-``Trace.as_json()`` converts the FFI containers element by element through Python wrappers
-(~1.5 ms a trace here); `trace_json` walks them with the FFI's own size/get functions and
-dispatches on the class, several times faster.
+``Trace.as_json()`` converts the FFI containers element by element through Python wrappers;
+`trace_json` walks them with the FFI's own size/get functions and dispatches on the class,
+about twice as fast. It is still the cost model's bottleneck (docs/tuning.md has the figures):
+a trace holds hundreds of FFI values and each is fetched by its own call from Python.
 """
 
 from __future__ import annotations
