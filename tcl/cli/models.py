@@ -316,7 +316,9 @@ def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost
         raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
     click.echo(format_report(report), err=as_json)
     if as_json:
-        click.echo(json.dumps(report))
+        from tcl.io import json_safe
+
+        click.echo(json.dumps(json_safe(report)))  # no valid program yet: inf -> null
 
 @click.command()
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))

@@ -89,6 +89,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     rpc = _rpc(rpc_tracker, rpc_key)
     settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     from .. import tracking
+    from ..io import json_safe
     from ..registry import TclRegistryError
     from ..tuner.tune import tune as run_tune
 
@@ -110,7 +111,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
         metrics = {k: result[k] for k in ("weighted_latency_s", "seconds", "predict_calls",
                                           "candidates_scored", "predict_seconds") if result[k] is not None}
         mlflow.log_metrics(metrics)
-        mlflow.log_dict({"curves": result["curves"], "stats": result["stats"]}, "tune_curves.json")
+        mlflow.log_dict(json_safe({"curves": result["curves"], "stats": result["stats"]}), "tune_curves.json")
         run_id = run.info.run_id
     line = {k: result[k] for k in ("tasks", "weighted_latency_s", "seconds", "predict_calls",
                                    "candidates_scored", "predict_seconds")}
