@@ -1,12 +1,38 @@
-"""The one compiled part of tcl: its onnxruntime operator library, ``tcl/_ortops*.so``.
+"""The compiled parts of tcl, both optional plain shared objects (not Python extension modules):
 
-Everything else is configured in pyproject.toml. The library is a plain shared object that
-onnxruntime loads (``SessionOptions.register_custom_ops_library``), not a Python extension module.
-It is optional: without a C++ compiler the install still succeeds, and ``tcl.serving`` runs the
-exported standard-op graph instead of the fused scan.
+- ``tcl/_ortops*.so``: TCL's onnxruntime operators, loaded by onnxruntime
+  (``SessionOptions.register_custom_ops_library``); without it ``tcl.serving`` runs the exported
+  standard-op graph instead of the fused scan.
+- ``tcl/_traces*.so``: a batch of MetaSchedule candidates' traces -> their JSON text in one TVM
+  FFI call (``tcl/csrc/traces.cc``), loaded with ctypes by ``tcl.tuner.traces``; without it the
+  tuner walks the traces from Python, ~10x slower. Built against the TVM FFI (apache-tvm-ffi)
+  when it is installed at build time.
+
+Everything else is configured in pyproject.toml. Without a C++ compiler the install still
+succeeds.
 """
 
 from setuptools import Extension, setup
+
+
+def _traces_extension() -> list[Extension]:
+    try:
+        import tvm_ffi.libinfo as ffi
+    except ImportError:  # no TVM FFI to build against: the tuner's Python path serves
+        return []
+    lib_dir = str(__import__("pathlib").Path(ffi.find_libtvm_ffi()).parent)
+    return [Extension(
+        "tcl._traces",
+        sources=["tcl/csrc/traces.cc"],
+        language="c++",
+        include_dirs=[ffi.find_include_path(), ffi.find_dlpack_include_path()],
+        library_dirs=[lib_dir],
+        runtime_library_dirs=[lib_dir],
+        libraries=["tvm_ffi"],
+        extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden"],
+        optional=True,
+    )]
+
 
 setup(ext_modules=[
     Extension(
@@ -17,4 +43,5 @@ setup(ext_modules=[
         extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-fno-trapping-math"],
         optional=True,
     ),
+    *_traces_extension(),
 ])

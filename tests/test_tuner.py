@@ -39,8 +39,9 @@ def kb(tmp_path_factory):
     return export_model(model, d / "kb.onnx", FAMILY)
 
 
-def dense_candidates(n: int, seed: int = 0):
-    """Real MetaSchedule candidates of a 64x64x64 matmul: design-space samples, postprocessed."""
+def dense_candidates(n: int, seed: int = 0, workload: str = "dense_64"):
+    """Real MetaSchedule candidates (default: a 64x64x64 matmul): design-space samples,
+    postprocessed."""
     from tcl.collect.measure import sample_programs
     from tcl.collect.workloads import SMALL_WORKLOADS, build_workload
     from tcl.tuner.tune import use_x86_intrinsics_only
@@ -49,7 +50,7 @@ def dense_candidates(n: int, seed: int = 0):
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
 
-    mod = build_workload(SMALL_WORKLOADS["dense_64"])
+    mod = build_workload(SMALL_WORKLOADS[workload])
     target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
     programs = sample_programs(mod, target, n, seed)
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
@@ -57,23 +58,38 @@ def dense_candidates(n: int, seed: int = 0):
     return mod, target, ctx, [ms.MeasureCandidate(sch, args) for sch, _, _ in programs], programs
 
 
-def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path):
+@pytest.mark.parametrize("workload", ["dense_64", "conv2d_small"])
+def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, workload):
     """The steps of a candidate equal those ingest makes of its database line (the KB was
-    trained on those): committed to a real JSONDatabase, read back by the records reader."""
+    trained on those): committed to a real JSONDatabase, read back by the records reader. The
+    trace library's steps differ only in an IndexMap's text, which gives the same features."""
     import orjson
 
     from tcl.collect.measure import commit, open_database
+    from tcl.features import Featurizer
     from tcl.records.metaschedule import trace_to_steps
-    from tcl.tuner.traces import candidate_steps
+    from tcl.tuner.traces import candidate_steps, trace_library
 
-    mod, target, _, candidates, programs = dense_candidates(12)
+    mod, target, _, candidates, programs = dense_candidates(70, workload=workload)
     db = open_database(tmp_path)
     for sch, _, _ in programs:
         commit(db, mod, sch.trace, [1e-3], target)
     lines = (tmp_path / "database_tuning_record.json").read_text().splitlines()
     from_file = [trace_to_steps(orjson.loads(line)[1][0]) for line in lines]
-    assert len(from_file) == len(candidates) == 12
-    assert candidate_steps(candidates) == from_file
+    assert len(from_file) == len(candidates) == 70
+    assert candidate_steps(candidates, use_library=False) == from_file
+    if trace_library() is None:
+        pytest.skip("TCL's trace library is not built (pip install -e . with a C++ compiler)")
+    fast = candidate_steps(candidates)  # 70 candidates: two threads, a half each
+    assert any("<IndexMap>" in step for steps in fast for step in steps) or workload != "dense_64"
+    unmap = [[[s if s != "<IndexMap>" else None for s in step] for step in steps] for steps in fast]
+    ref = [[[s if not (isinstance(s, str) and s.startswith('{\n  "root_index"')) else None for s in step]
+            for step in steps] for steps in from_file]
+    assert unmap == ref
+    x_fast, m_fast = Featurizer(48)(fast)
+    x_file, m_file = Featurizer(48)(from_file)
+    np.testing.assert_array_equal(x_fast, x_file)
+    np.testing.assert_array_equal(m_fast, m_file)
 
 
 def test_cost_model_scores_equal_the_predictor_on_the_same_features(kb):
