@@ -136,9 +136,10 @@ def format_report(report: dict) -> str:
 def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates: int = 2048,
                      platform_name: str = "znver4-avx512-t2", seed: int = 0) -> dict:
     """Trace -> feature -> score speed of the KB's cost model on `n_candidates` distinct real
-    candidates (design-space samples, postprocessed), each scored once (no cache), beside
-    MetaSchedule's own per-store feature extraction of the same candidates (what its XGBoost
-    model reads) measured in the same run."""
+    candidates (design-space samples, postprocessed), each scored once (no cache), beside two
+    baselines measured in the same run: trace -> steps without the trace library (Python
+    walking the FFI, on 256 of them) and MetaSchedule's own per-store feature extraction of the
+    same candidates (what its XGBoost model reads)."""
     import time
 
     from tcl.collect.measure import sample_programs, use_x86_intrinsics_only
@@ -150,6 +151,7 @@ def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates:
     from tvm.target import Target
 
     from tcl.tuner.cost_model import TCLCostModel
+    from tcl.tuner.traces import candidate_steps, trace_library
 
     platform = get_platform(platform_name)
     mod = build_workload(resolve_workload(workload))
@@ -167,12 +169,18 @@ def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates:
     start = time.perf_counter()
     extractor.extract_from(ctx, candidates)
     perstore_s = time.perf_counter() - start
+    few = candidates[:256]  # the Python path is slow: a sample of the candidates
+    start = time.perf_counter()
+    candidate_steps(few, use_library=False)
+    python_s = time.perf_counter() - start
     n = len(candidates)
     st = cm.stats
-    return {"workload": workload, "candidates": n, "tcl_candidates_per_s": n / tcl_s,
+    return {"workload": workload, "candidates": n, "trace_library": trace_library() is not None,
+            "tcl_candidates_per_s": n / tcl_s,
             "tcl_us_per_candidate": {"trace_to_steps": 1e6 * st.steps_seconds / n,
                                      "features": 1e6 * st.features_seconds / n,
                                      "onnxruntime": 1e6 * st.score_seconds / n},
+            "python_trace_to_steps_us": 1e6 * python_s / len(few),
             "metaschedule_perstore_candidates_per_s": n / perstore_s}
 
 
@@ -180,5 +188,7 @@ def format_cost_model(row: dict) -> str:
     us = row["tcl_us_per_candidate"]
     return (f"{row['workload']}: {row['candidates']} candidates; TCL cost model "
             f"{row['tcl_candidates_per_s']:.0f}/s (us per candidate: trace->steps {us['trace_to_steps']:.0f}, "
-            f"features {us['features']:.0f}, onnxruntime {us['onnxruntime']:.0f}); baseline, "
-            f"MetaSchedule's per-store feature extraction alone: {row['metaschedule_perstore_candidates_per_s']:.0f}/s")
+            f"features {us['features']:.0f}, onnxruntime {us['onnxruntime']:.0f}; trace library "
+            f"{'on' if row['trace_library'] else 'not built'}); trace->steps from Python alone "
+            f"{row['python_trace_to_steps_us']:.0f} us; baseline, MetaSchedule's per-store feature "
+            f"extraction alone: {row['metaschedule_perstore_candidates_per_s']:.0f}/s")

@@ -5,19 +5,25 @@ instructions kept); `tcl.records.metaschedule.trace_to_steps` turns that JSON in
 same JSON is read straight from the candidate's trace object, so a candidate scored inside tuning
 gets exactly the features its database line gets after ingest (tests/test_tuner.py checks it).
 
-Two ways to the JSON. With TCL's trace library (``tcl/_traces*.so``, built from
-``tcl/csrc/traces.cc`` by ``pip install``), one TVM FFI call writes the JSON text of a batch of
-candidates in C++ without the GIL (two threads take a half each) and orjson parses it. Without
-it, `trace_json` walks the FFI containers from Python (one call per value, hundreds a trace:
-~10x slower, docs/tuning.md). The library writes an ``IndexMap`` attribute (a layout rewrite's
-map) as the string ``"<IndexMap>"`` where the database holds the map's JSON graph: the
-featurizer encodes either as its one out-of-vocabulary string, so the features are the same
-(tests/test_tuner.py checks both paths against the database).
+Two ways to the steps. With TCL's trace library (``tcl/_traces*.so``, built from
+``tcl/csrc/traces.cc`` by ``pip install``), one TVM FFI call applies `trace_to_steps`'s rules to a
+batch of candidates in C++ without the GIL (two threads take a half each) and orjson parses the
+steps. Without it, `trace_json` walks the FFI containers from Python (one call per value,
+hundreds a trace: several times slower, docs/tuning.md) and `trace_to_steps` reads the result.
+The library writes an ``IndexMap`` argument (a layout rewrite's map) as the string
+``"<IndexMap>"`` where the database holds the map's JSON graph: the featurizer encodes either as
+its one out-of-vocabulary string, so the features are the same (tests/test_tuner.py checks both
+ways against the database).
 """
 
 from __future__ import annotations
 
+import orjson
+
+from tcl.records import METASCHEDULE_STEP_KINDS, gc_paused
 from tcl.records.metaschedule import trace_to_steps
+
+_KINDS = list(METASCHEDULE_STEP_KINDS)  # the kinds trace_to_steps knows; others reject the trace
 
 
 def _converter():
@@ -68,56 +74,55 @@ def trace_json(trace) -> list:
 
 def trace_library():
     """The FFI function of TCL's trace library, or None where it was not built."""
-    global _BATCH_JSON
-    if _BATCH_JSON is None:
+    global _BATCH_STEPS
+    if _BATCH_STEPS is None:
         import ctypes
         import importlib.machinery
         from pathlib import Path
 
         import tvm_ffi
 
-        _BATCH_JSON = False
+        _BATCH_STEPS = False
         here = Path(__file__).resolve().parents[1]
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = here / f"_traces{suffix}"
             if path.is_file():
                 ctypes.CDLL(str(path))  # its static initialiser registers the function
-                _BATCH_JSON = tvm_ffi.get_global_func("tcl.CandidateTracesJSON")
+                _BATCH_STEPS = tvm_ffi.get_global_func("tcl.CandidateSteps")
                 break
-    return _BATCH_JSON or None
+    return _BATCH_STEPS or None
 
 
-_BATCH_JSON = None
+_BATCH_STEPS = None
 _POOL = None
+_SPLIT_ABOVE = 64  # candidates: a smaller batch is not worth a second thread
 
 
-def candidate_traces(candidates: list, use_library: bool = True) -> list[list]:
-    """The trace JSON of each MeasureCandidate (see the module docstring for the two paths)."""
-    batch_json = trace_library() if use_library else None
-    if batch_json is None:
-        return [trace_json(c.sch.trace) for c in candidates]
-    import orjson
+def candidate_steps(candidates, use_library: bool = True) -> list[list]:
+    """Steps of each MetaSchedule MeasureCandidate (its schedule's trace), as ingest makes them;
+    a trace ingest would reject (an unknown instruction kind) gives no steps (an empty program)."""
+    candidates = list(candidates)
+    batch_steps = trace_library() if use_library else None
+    with gc_paused():  # trees of small lists, no cycles: the collector would rescan the heap
+        if batch_steps is None:
+            out = [trace_to_steps(trace_json(c.sch.trace)) for c in candidates]
+        else:
+            out = [s for text in _library_texts(batch_steps, candidates) for s in orjson.loads(text)]
+    return [s if s.__class__ is list else [] for s in out]
+
+
+def _library_texts(batch_steps, candidates: list) -> list[bytes]:
     import tvm_ffi
 
     global _POOL
     n = len(candidates)
-    if n < 64:
-        return orjson.loads(str.encode(batch_json(candidates, 0, n)))
+    if n <= _SPLIT_ABOVE:
+        return [str.encode(batch_steps(candidates, 0, n, _KINDS))]
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(2, thread_name_prefix="tcl-traces")
     array = tvm_ffi.Array(candidates)
     half = n // 2
-    parts = [_POOL.submit(batch_json, array, a, b) for a, b in ((0, half), (half, n))]
-    return [t for part in parts for t in orjson.loads(str.encode(part.result()))]
-
-
-def candidate_steps(candidates, use_library: bool = True) -> list[list]:
-    """Steps of each MetaSchedule MeasureCandidate (its schedule's trace), as ingest makes them;
-    a trace ingest would reject (an unknown instruction kind) gives no steps (an empty program)."""
-    out = []
-    for trace in candidate_traces(list(candidates), use_library):
-        steps = trace_to_steps(trace)
-        out.append(steps if steps.__class__ is list else [])
-    return out
+    parts = [_POOL.submit(batch_steps, array, a, b, _KINDS) for a, b in ((0, half), (half, n))]
+    return [str.encode(p.result()) for p in parts]
