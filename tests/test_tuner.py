@@ -179,18 +179,27 @@ def test_tcl_tune_writes_a_database_that_ingests(kb, tmp_path, store):
     assert runs[0].data.metrics["candidates_scored"] == result["candidates_scored"]
 
 
-def test_tune_refuses_bad_arguments(tmp_path):
-    proc = run_tcl("tune", "--platform", PLATFORM, "--trials", 8, "--cost-model", "tcl",
-                   "--out", tmp_path / "o", check=False)
-    assert proc.returncode == 2 and "exactly one of --workload" in proc.stderr
-    proc = run_tcl("tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", 8,
-                   "--cost-model", "mlp", "--out", tmp_path / "o", "--no-progress", check=False,
-                   env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
-    assert proc.returncode == 1 and "--cost-model mlp needs --model" in proc.stderr
-    proc = run_tcl("tune", "--platform", PLATFORM, "--workload-db", fixture_path("metaschedule/dense_256"),
-                   "--task-index", 3, "--trials", 8, "--cost-model", "random", "--out", tmp_path / "o",
-                   check=False)
-    assert proc.returncode == 2 and "out of range" in proc.stderr
+def test_tune_refuses_bad_arguments(tmp_path, store):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    def tune(*args):
+        return CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--no-progress",
+                                         *map(str, args)])
+
+    res = tune("--cost-model", "tcl", "--out", tmp_path / "o")
+    assert res.exit_code == 2 and "exactly one of --workload" in res.output
+    res = tune("--workload", "dense_64", "--cost-model", "mlp", "--out", tmp_path / "o")
+    assert res.exit_code == 1 and "--cost-model mlp needs --model" in res.output
+    res = tune("--workload-db", fixture_path("metaschedule/dense_256"), "--task-index", 3,
+               "--cost-model", "random", "--out", tmp_path / "o")
+    assert res.exit_code == 2 and "out of range" in res.output
+    # remote measurement is collection's (tests/test_collect.py runs a tracker and a server)
+    res = tune("--workload", "dense_64", "--cost-model", "random", "--out", tmp_path / "r",
+               "--rpc-tracker", "127.0.0.1:9190")
+    assert res.exit_code == 2 and "--rpc-tracker needs --rpc-key" in res.output
+    assert not (tmp_path / "r").exists()
 
 
 def test_study_ratios_by_hand():
@@ -214,12 +223,12 @@ def test_bench_tune_end_to_end(kb, tmp_path):
     from tcl.bench.tune import bench_tune, format_report
     from tcl.collect.measure import MeasureSettings
 
-    report = bench_tune(PLATFORM, "dense_64", trials=8, trials_per_iter=4, seeds=(0,),
+    report = bench_tune(PLATFORM, "dense_64", trials=4, trials_per_iter=2, seeds=(0,),
                         cost_models=("tcl", "random"), model=str(kb), out_dir=tmp_path,
                         settings=MeasureSettings(number=1, repeat=1, min_repeat_ms=0), progress=False)
     for name in ("tcl", "random"):
         curve = report["curves"][name]
-        assert curve["trials"] == [4, 8]
+        assert curve["trials"] == [2, 4]
         assert curve["best_latency_s"][1] <= curve["best_latency_s"][0]  # a best-so-far curve
         (task,) = report["runs"][f"{name}/seed0"]["tasks"]
         assert task["best_latency_s"] == pytest.approx(curve["best_latency_s"][-1])

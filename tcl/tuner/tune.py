@@ -140,9 +140,10 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cores = max(1, int(platform.target.get("num-cores", 1)))
     cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores)
+    runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
+    builder = make_builder(settings)
     database = open_database(out)
     _write_tasks_json(out, tasks)
     atomic_write_json(out / "tune.json", {
@@ -160,8 +161,6 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     curves = [Curve() for _ in tasks]
     start = time.perf_counter()
     follow, bar = _progress_callback([t.name for t in tasks], curves, trials, start, progress)
-    builder = make_builder(settings)
-    runner = make_runner(platform.threads or 1, settings, rpc)
     try:
         with tempfile.TemporaryDirectory(prefix="tcl-tune-") as work_dir:
             ms.tune_tasks(
