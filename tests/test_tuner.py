@@ -295,3 +295,18 @@ def test_tune_measures_through_an_rpc_tracker_and_server(tmp_path):
         for p in (server, tracker):
             if p is not None:
                 stop_process_tree(p)
+
+
+def test_tasks_of_a_network_and_of_a_workload_database():
+    from tvm_ffi import structural_hash
+
+    from tcl.cli.tuning import _tasks
+    from tcl.collect.networks import bert
+    from tcl.tuner.tune import workload_tasks
+
+    tasks = _tasks(None, None, None, "bert_tiny")
+    ops = bert(2, 128, 2)
+    assert len(tasks) == len(set(ops)) and sum(t.weight for t in tasks) == len(ops)
+    (task,) = workload_tasks(fixture_path("metaschedule/dense_256"), 0)
+    shash = json.loads((fixture_path("metaschedule/dense_256") / "database_workload.json").read_text())[0]
+    assert str(structural_hash(task.mod)) == str(shash) and task.weight == 1.0
