@@ -5,8 +5,9 @@
   standard-op graph instead of the fused scan.
 - ``tcl/_traces*.so``: a batch of MetaSchedule candidates' traces -> their JSON text in one TVM
   FFI call (``tcl/csrc/traces.cc``), loaded with ctypes by ``tcl.tuner.traces``; without it the
-  tuner walks the traces from Python, ~10x slower. Built against the TVM FFI (apache-tvm-ffi)
-  when it is installed at build time.
+  tuner walks the traces from Python, several times slower. Built against the TVM FFI
+  (apache-tvm-ffi) when it is importable at build time, i.e. without pip's build isolation:
+  ``pip install -e . --no-build-isolation`` or ``python setup.py build_ext --inplace``.
 
 Everything else is configured in pyproject.toml. Without a C++ compiler the install still
 succeeds.
