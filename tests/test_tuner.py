@@ -79,7 +79,7 @@ def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, wor
     assert len(from_file) == len(candidates) == 70
     assert candidate_steps(candidates, use_library=False) == from_file
     if trace_library() is None:
-        pytest.skip("TCL's trace library is not built (pip install -e . with a C++ compiler)")
+        pytest.skip("TCL's trace library is not built (pip install -e . --no-build-isolation)")
     fast = candidate_steps(candidates)  # 70 candidates: two threads, a half each
     assert any("<IndexMap>" in step for steps in fast for step in steps) or workload != "dense_64"
     unmap = [[[s if s != "<IndexMap>" else None for s in step] for step in steps] for steps in fast]

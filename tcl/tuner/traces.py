@@ -6,7 +6,7 @@ same JSON is read straight from the candidate's trace object, so a candidate sco
 gets exactly the features its database line gets after ingest (tests/test_tuner.py checks it).
 
 Two ways to the steps. With TCL's trace library (``tcl/_traces*.so``, built from
-``tcl/csrc/traces.cc`` by ``pip install``), one TVM FFI call applies `trace_to_steps`'s rules to a
+``tcl/csrc/traces.cc``, see setup.py), one TVM FFI call applies `trace_to_steps`'s rules to a
 batch of candidates in C++ without the GIL (two threads take a half each) and orjson parses the
 steps. Without it, `trace_json` walks the FFI containers from Python (one call per value,
 hundreds a trace: several times slower, docs/tuning.md) and `trace_to_steps` reads the result.
