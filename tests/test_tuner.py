@@ -43,14 +43,14 @@ def dense_candidates(n: int, seed: int = 0, workload: str = "dense_64"):
     """Real MetaSchedule candidates (default: a 64x64x64 matmul): design-space samples,
     postprocessed."""
     from tcl.collect.measure import sample_programs
-    from tcl.collect.workloads import SMALL_WORKLOADS, build_workload
+    from tcl.collect.workloads import build_workload, resolve_workload
     from tcl.tuner.tune import use_x86_intrinsics_only
 
     use_x86_intrinsics_only()
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
 
-    mod = build_workload(SMALL_WORKLOADS[workload])
+    mod = build_workload(resolve_workload(workload))
     target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
     programs = sample_programs(mod, target, n, seed)
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
@@ -58,7 +58,9 @@ def dense_candidates(n: int, seed: int = 0, workload: str = "dense_64"):
     return mod, target, ctx, [ms.MeasureCandidate(sch, args) for sch, _, _ in programs], programs
 
 
-@pytest.mark.parametrize("workload", ["dense_64", "conv2d_small"])
+# every kind of operator the networks hold (their design spaces use different instructions)
+@pytest.mark.parametrize("workload", ["dense_64", "conv2d_small", "softmax_small", "layer_norm_128_128",
+                                      "depthwise_conv2d_14_384_3_1", "batch_matmul_2_128_64_128"])
 def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, workload):
     """The steps of a candidate equal those ingest makes of its database line (the KB was
     trained on those): committed to a real JSONDatabase, read back by the records reader. The

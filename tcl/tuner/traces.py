@@ -7,8 +7,9 @@ gets exactly the features its database line gets after ingest (tests/test_tuner.
 
 Two ways to the steps. With TCL's trace library (``tcl/_traces*.so``, built from
 ``tcl/csrc/traces.cc``, see setup.py), one TVM FFI call applies `trace_to_steps`'s rules to a
-batch of candidates in C++ without the GIL (two threads take a half each) and orjson parses the
-steps. Without it, `trace_json` walks the FFI containers from Python (one call per value,
+batch of candidates in C++, reading the traces in place, without the GIL (two threads take a
+half each), and orjson parses the steps; a trace with an argument it does not know (an
+expression of variables, not met in MetaSchedule's design spaces) sends its batch the other way. Without it, `trace_json` walks the FFI containers from Python (one call per value,
 hundreds a trace: several times slower, docs/tuning.md) and `trace_to_steps` reads the result.
 The library writes an ``IndexMap`` argument (a layout rewrite's map) as the string
 ``"<IndexMap>"`` where the database holds the map's JSON graph: the featurizer encodes either as
@@ -107,7 +108,10 @@ def candidate_steps(candidates, use_library: bool = True) -> list[list]:
         if batch_steps is None:
             out = [trace_to_steps(trace_json(c.sch.trace)) for c in candidates]
         else:
-            out = [s for text in _library_texts(batch_steps, candidates) for s in orjson.loads(text)]
+            try:
+                out = [s for text in _library_texts(batch_steps, candidates) for s in orjson.loads(text)]
+            except (TypeError, ValueError):  # an argument the library does not know: Python's way
+                out = [trace_to_steps(trace_json(c.sch.trace)) for c in candidates]
     return [s if s.__class__ is list else [] for s in out]
 
 
