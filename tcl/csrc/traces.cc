@@ -157,14 +157,6 @@ bool IsString(const Any& v) {
 
 bool IsQuoted(std::string_view s) { return s.size() >= 2 && s.front() == '"' && s.back() == '"'; }
 
-bool LooksLikeVariable(std::string_view s) {  // ^[a-z]\d+$
-  if (s.size() < 2 || s[0] < 'a' || s[0] > 'z') return false;
-  for (size_t i = 1; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9') return false;
-  }
-  return true;
-}
-
 std::optional<int64_t> AsInt(const Context& ctx, const Any& v) {
   if (v.type_index() == kTVMFFIInt) return v.cast<int64_t>();
   if (v.type_index() == ctx.int_imm) return ctx.int_value(v.cast<ObjectRef>()).cast<int64_t>();
