@@ -24,6 +24,7 @@ _AREAS = {
     "tcl.cli.lifecycle": ["export", "register", "promote", "models", "predict"],
     "tcl.cli.sampling": ["sample"],
     "tcl.cli.continual": ["transfer", "ckd"],
+    "tcl.cli.tuning": ["tune"],
 }
 
 for _module_name, _names in _AREAS.items():

@@ -1,4 +1,4 @@
-"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest,sample}`.
+"""`tcl train`, `tcl evaluate`, `tcl summarize`, `tcl bench {train,predict,ingest,sample,tune}`.
 
 A thin layer: the work is in tcl.experiments, tcl.models and tcl.bench. Heavy libraries (torch,
 xgboost, mlflow) are imported inside the commands.
@@ -272,6 +272,53 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
     if as_json:
         click.echo(json.dumps(json_safe(rows)))
 
+
+
+@bench.command("tune")
+@click.option("--platform", "platform_name", default="znver4-avx512-t2", show_default=True)
+@click.option("--workload", default="dense_128_768_768", show_default=True,
+              help="Task tuned (default: one of bert_base's, held out from the KB's training).")
+@click.option("--trials", default=64, show_default=True, help="Measurements per run.")
+@click.option("--trials-per-iter", default=16, show_default=True, help="Candidates measured per batch.")
+@click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
+@click.option("--cost-models", default="tcl,xgb,random", show_default=True, help="Of tcl, xgb, mlp, random.")
+@click.option("--model", default=None, help="The KB (models:/ URI or .onnx; default the family's @production).")
+@click.option("--mlp-model", default=None, help="A trained mlp-tenset model, for --cost-models ...,mlp.")
+@click.option("--out", "out_dir", default="runs/bench-tune", show_default=True, type=click.Path(file_okay=False),
+              help="Where the tuning databases go (one per model and seed).")
+@click.option("--min-repeat-ms", default=20, show_default=True)
+@click.option("--candidates", type=int, default=None,
+              help="Instead of the study: time the KB's trace -> feature -> score on this many candidates.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON line last.")
+def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost_models, model, mlp_model,
+                   out_dir, min_repeat_ms, candidates, progress, as_json):
+    """Short tuning study: best latency vs trials per cost model and TCL's two ratios (tcl.bench.tune)."""
+    from tcl.bench.tune import bench_cost_model, bench_tune, format_cost_model, format_report
+    from tcl.collect.measure import MeasureSettings
+    from tcl.hardware import get_platform
+    from tcl.registry import TclRegistryError
+
+    try:
+        if candidates:
+            row = bench_cost_model(model or f"models:/tcl-kb-{get_platform(platform_name).family}@production",
+                                   workload, candidates, platform_name)
+            click.echo(format_cost_model(row), err=as_json)
+            if as_json:
+                click.echo(json.dumps(row))
+            return
+        report = bench_tune(platform_name, workload, trials, trials_per_iter,
+                            tuple(int(s) for s in seeds.split(",") if s.strip()),
+                            tuple(n.strip() for n in cost_models.split(",") if n.strip()), model, mlp_model,
+                            out_dir, MeasureSettings(number=1, repeat=3, min_repeat_ms=min_repeat_ms),
+                            progress)
+    except (KeyError, ValueError, TclRegistryError, NotImplementedError) as exc:
+        raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
+    click.echo(format_report(report), err=as_json)
+    if as_json:
+        from tcl.io import json_safe
+
+        click.echo(json.dumps(json_safe(report)))  # no valid program yet: inf -> null
 
 @click.command()
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))

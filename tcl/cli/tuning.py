@@ -1,0 +1,132 @@
+"""`tcl tune`: MetaSchedule tuning steered by a cost model (tcl.tuner.tune), as an MLflow run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+TUNE_EXPERIMENT = "tcl-tune"
+
+
+def _fail(message: str, code: int = 2):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _rpc(tracker: str | None, key: str | None):
+    from ..collect.measure import RpcSettings
+
+    if not tracker:
+        return None
+    if not key:
+        _fail("--rpc-tracker needs --rpc-key")
+    host, _, port = tracker.rpartition(":")
+    if not host or not port.isdigit():
+        _fail(f"--rpc-tracker must be HOST:PORT, got {tracker!r}")
+    return RpcSettings(host, int(port), key)
+
+
+def _tasks(workload, workload_db, task_index, network):
+    """The TuneTasks of exactly one of --workload / --workload-db / --network."""
+    from ..collect.networks import network_tasks
+    from ..collect.workloads import build_workload, describe, resolve_workload
+    from ..tuner.tune import TuneTask, workload_tasks
+
+    if sum(x is not None for x in (workload, workload_db, network)) != 1:
+        _fail("give exactly one of --workload NAME, --workload-db PATH, --network NET")
+    if task_index is not None and workload_db is None:
+        _fail("--task-index goes with --workload-db")
+    try:
+        if workload is not None:
+            op = resolve_workload(workload)
+            known = network_tasks().get(op.key)
+            return [TuneTask(workload, build_workload(op), 1.0, describe(op),
+                             dict(known.weights) if known else {})]
+        if network is not None:
+            tasks = network_tasks([network])
+            return [TuneTask(t.name, build_workload(t.op), float(t.weights[network]), describe(t.op),
+                             dict(t.weights)) for t in tasks.values()]
+        return workload_tasks(workload_db, task_index)
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc))
+
+
+@click.command()
+@click.option("--platform", "platform_name", required=True, help="Platform from `tcl hardware list`.")
+@click.option("--workload", default=None, help="One workload/task name (`tcl collect --workload`'s names).")
+@click.option("--workload-db", default=None, type=click.Path(exists=True),
+              help="Every workload of a MetaSchedule database (its folder or database_workload.json).")
+@click.option("--task-index", type=int, default=None, help="Only workload I (0-based) of --workload-db.")
+@click.option("--network", default=None, help="Every task of a network, weighted by its occurrences.")
+@click.option("--trials", type=int, required=True, help="Measurements in all (MetaSchedule's global budget).")
+@click.option("--cost-model", "cost_model", type=click.Choice(["tcl", "xgb", "mlp", "random"]), required=True)
+@click.option("--model", default=None,
+              help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production); "
+                   "mlp: a trained mlp-tenset model.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
+@click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
+@click.option("--rpc-key", default=None, help="Device key registered with the tracker.")
+@click.option("--number", type=int, default=1, show_default=True)
+@click.option("--repeat", type=int, default=3, show_default=True)
+@click.option("--min-repeat-ms", type=int, default=20, show_default=True)
+@click.option("--experiment", default=TUNE_EXPERIMENT, show_default=True, help="MLflow experiment.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
+def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, seed, out,
+         rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
+    """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
+    from ..collect.measure import MeasureSettings
+    from ..hardware import get_platform
+
+    try:
+        platform = get_platform(platform_name)
+    except (KeyError, ValueError) as exc:
+        _fail(exc.args[0])
+    tasks = _tasks(workload, workload_db, task_index, network)
+    rpc = _rpc(rpc_tracker, rpc_key)
+    settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    from .. import tracking
+    from ..io import json_safe
+    from ..registry import TclRegistryError
+    from ..tuner.tune import tune as run_tune
+
+    params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "trials": trials,
+              "seed": seed, "tasks": len(tasks), "out": out, "rpc_key": rpc_key or ""}
+    with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
+        import mlflow
+
+        mlflow.log_params(params)
+        try:
+            result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
+                              settings=settings, progress=progress)
+        except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
+            mlflow.set_tag("error", str(exc)[:500])
+            _fail(str(exc), 1)
+        for i, row in enumerate(result["tasks"]):
+            if row["best_latency_s"] is not None:
+                mlflow.log_metric("best_latency_s", row["best_latency_s"], step=i)
+        metrics = {k: result[k] for k in ("weighted_latency_s", "seconds", "predict_calls",
+                                          "candidates_scored", "predict_seconds") if result[k] is not None}
+        mlflow.log_metrics(metrics)
+        mlflow.log_dict(json_safe({"curves": result["curves"], "stats": result["stats"]}), "tune_curves.json")
+        run_id = run.info.run_id
+    line = {k: result[k] for k in ("tasks", "weighted_latency_s", "seconds", "predict_calls",
+                                   "candidates_scored", "predict_seconds")}
+    if as_json:
+        click.echo(f"tuning database: {out} (MLflow run {run_id})", err=True)
+        click.echo(json.dumps(line))
+        return
+    for row in result["tasks"]:
+        best = "none valid" if row["best_latency_s"] is None else f"{row['best_latency_s'] * 1e6:.2f} us"
+        click.echo(f"{row['task']}: best {best} after {row['trials']} trials")
+    if result["weighted_latency_s"] is not None:
+        click.echo(f"weighted latency {result['weighted_latency_s'] * 1e3:.4f} ms")
+    click.echo(f"{result['seconds']:.1f} s; database {out}; MLflow run {run_id}")
+    if result["predict_calls"]:
+        click.echo(f"cost model: {result['predict_calls']} predict calls, {result['candidates_scored']} "
+                   f"candidates in {result['predict_seconds']:.2f} s "
+                   f"({result['candidates_scored'] / max(result['predict_seconds'], 1e-9):.0f}/s, "
+                   f"{100 * result['predict_seconds'] / max(result['seconds'], 1e-9):.1f}% of the run)")

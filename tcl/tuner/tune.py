@@ -1,0 +1,211 @@
+"""Tune tasks with MetaSchedule under a chosen cost model, writing a MetaSchedule database.
+
+    result = tune(platform, tasks, trials=256, cost_model="tcl", model=None, seed=0, out="runs/t")
+
+One MetaSchedule run (`ms.tune_tasks`, the gradient task scheduler, evolutionary search) over
+`tasks` (`TuneTask`: a TIR IRModule, its name and weight), measured with the collection's
+builder and runner (tcl.collect.measure: the same build function, local or RPC runner, the
+platform's target and runtime threads). `trials` is MetaSchedule's global budget
+(``max_trials_global``), shared by the tasks as its scheduler decides. The database at `out`
+gets `tasks.json` (names, weights, networks, as `tcl collect` writes it) and `tune.json`
+(settings, cost model, where the run came from), so `tcl ingest` reads it like a collected one.
+
+A measure callback follows the run: the best latency of each task after every batch (the
+curve `tcl bench tune` compares), shown as a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tcl.collect.measure import (FAILED_RUN_SECS, MeasureSettings, RpcSettings, make_builder, make_runner,
+                                 open_database, use_x86_intrinsics_only)
+from tcl.hardware import Platform
+from tcl.io import atomic_write_json
+
+TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
+
+
+@dataclass
+class TuneTask:
+    name: str
+    mod: object                 # tvm.IRModule with one PrimFunc `main`
+    weight: float = 1.0         # occurrences in the network tuned (1 for a lone workload)
+    desc: str = ""
+    weights: dict = field(default_factory=dict)  # network -> occurrences (tasks.json)
+
+
+@dataclass
+class Curve:
+    """Best latency of one task after each measured batch."""
+
+    trials: list = field(default_factory=list)      # measured so far (failures included)
+    seconds: list = field(default_factory=list)     # since the run started
+    best: list = field(default_factory=list)        # best mean latency so far (inf: none valid)
+
+
+def workload_tasks(db_path: str | os.PathLike, index: int | None = None) -> list[TuneTask]:
+    """The workloads of a MetaSchedule database (its folder or its database_workload.json), or
+    the one at line `index` (0-based); names and weights from tasks.json beside it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tcl.records.metaschedule import _existing, _lines
+
+    path = Path(db_path)
+    wl_path = path if path.is_file() else _existing(path / "database_workload.json")
+    meta_path = wl_path.parent / "tasks.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    tasks = []
+    for lineno, line in enumerate(_lines(wl_path), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            workload = ms.database.Workload.from_json(entry)
+        except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a bad module
+            raise ValueError(f"{wl_path}:{lineno}: not a MetaSchedule workload ({str(exc)[:120]})") from None
+        info = meta.get(str(entry[0]), {})
+        tasks.append(TuneTask(info.get("name", f"workload{lineno - 1}"), workload.mod,
+                              float(info.get("weight", 1.0)), info.get("desc", ""),
+                              dict(info.get("weights", {}))))
+    if index is not None:
+        if not 0 <= index < len(tasks):
+            raise ValueError(f"{wl_path}: --task-index {index} out of range (it holds {len(tasks)} workloads)")
+        tasks = [tasks[index]]
+    if not tasks:
+        raise ValueError(f"{wl_path}: no workload in it")
+    return tasks
+
+
+def _progress_callback(names: list[str], curves: list[Curve], total: int, start: float, show: bool):
+    from tqdm import tqdm
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    bar = tqdm(total=total, unit="trial", desc="tune", disable=not show)
+
+    @derived_object
+    class FollowBest(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            curve = curves[task_id]
+            best = curve.best[-1] if curve.best else math.inf
+            for b, r in zip(builder_results, runner_results):
+                if b.error_msg is None and r.error_msg is None and r.run_secs:
+                    secs = [float(s) for s in r.run_secs]
+                    if max(secs) < FAILED_RUN_SECS:
+                        best = min(best, sum(secs) / len(secs))
+            curve.trials.append((curve.trials[-1] if curve.trials else 0) + len(runner_results))
+            curve.seconds.append(time.perf_counter() - start)
+            curve.best.append(best)
+            bar.update(len(runner_results))
+            bar.set_postfix_str(f"{names[task_id]} best {best * 1e6:.1f} us")
+
+    return FollowBest(), bar
+
+
+def _write_tasks_json(out: Path, tasks: list[TuneTask]) -> None:
+    from tvm_ffi import structural_hash
+
+    path = out / "tasks.json"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    for t in tasks:
+        known[str(structural_hash(t.mod))] = {
+            "name": t.name, "desc": t.desc, "weights": t.weights,
+            "networks": sorted(t.weights), "weight": t.weight}
+    atomic_write_json(path, known)
+
+
+def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str, out: str | os.PathLike,
+         model: str | None = None, seed: int = 0, rpc: RpcSettings | None = None,
+         settings: MeasureSettings | None = None, progress: bool = True,
+         trials_per_iter: int = TRIALS_PER_ITER) -> dict:
+    """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
+    (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
+    plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``."""
+    use_x86_intrinsics_only()
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from tcl.tuner.baselines import make_cost_model
+
+    if not platform.measurable:
+        raise ValueError(f"platform {platform.name!r} has no TVM target in the hardware registry")
+    if trials < 1:
+        raise ValueError("--trials must be at least 1")
+    settings = settings or MeasureSettings()
+    out = Path(out)
+    cores = max(1, int(platform.target.get("num-cores", 1)))
+    cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores)
+    runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
+    builder = make_builder(settings)
+    database = open_database(out)
+    _write_tasks_json(out, tasks)
+    atomic_write_json(out / "tune.json", {
+        "platform": platform.name, "family": platform.family, "target": platform.target,
+        "threads": platform.threads, "cost_model": cost_model, "model": model, "trials": trials,
+        "seed": seed, "settings": settings.as_dict(), "tasks": [t.name for t in tasks],
+        "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
+        "tvm_version": _tvm_version(),
+    })
+    target = Target(dict(platform.target))
+    contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                               search_strategy="evolutionary", task_name=t.name,
+                               rand_state=seed * 1_000_003 + i + 1, num_threads=cores).clone()
+                for i, t in enumerate(tasks)]
+    curves = [Curve() for _ in tasks]
+    start = time.perf_counter()
+    follow, bar = _progress_callback([t.name for t in tasks], curves, trials, start, progress)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tcl-tune-") as work_dir:
+            ms.tune_tasks(
+                tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work_dir,
+                max_trials_global=trials, max_trials_per_task=trials,
+                num_trials_per_iter=min(trials_per_iter, trials), builder=builder, runner=runner,
+                database=database, cost_model=cm,
+                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), follow],
+                task_scheduler="gradient")
+    finally:
+        bar.close()
+        _shutdown(builder, runner)
+    seconds = time.perf_counter() - start
+    rows = []
+    for t, c in zip(tasks, curves):
+        best = c.best[-1] if c.best and math.isfinite(c.best[-1]) else None
+        rows.append({"task": t.name, "best_latency_s": best, "trials": c.trials[-1] if c.trials else 0})
+    weighted = (sum(t.weight * r["best_latency_s"] for t, r in zip(tasks, rows))
+                if all(r["best_latency_s"] is not None for r in rows) else None)
+    s = stats.as_dict() if stats is not None else {}
+    return {
+        "tasks": rows, "weighted_latency_s": weighted, "seconds": seconds,
+        "predict_calls": s.get("predict_calls"), "candidates_scored": s.get("candidates_scored"),
+        "predict_seconds": s.get("predict_seconds"),
+        "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s,
+    }
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return tvm.__version__
+
+
+def _shutdown(*pools) -> None:
+    """Stop the builder's and runner's worker processes now (they outlive the run otherwise,
+    until garbage collection reaches their pools)."""
+    import gc
+
+    for pool in pools:
+        executor = getattr(pool, "pool", None) or getattr(pool, "executor", None)
+        shutdown = getattr(executor, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown(wait=True)
+            except Exception:  # noqa: BLE001 - a pool already closed
+                pass
+    gc.collect()

@@ -1,0 +1,314 @@
+"""The tuner: TCL's KB steering real MetaSchedule tuning through onnxruntime (tcl.tuner)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, fixture_path, run_tcl
+
+PLATFORM = "znver4-avx512-t2"
+FAMILY = "amd-zen4-avx512"
+TINY = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory):
+    """A tiny Mamba KB trained briefly on the real fixture databases, exported to ONNX."""
+    import torch
+
+    from tcl.export import export_model
+    from tcl.features import featurize_file
+    from tcl.models import new_model
+    from tcl.records.ingest import ingest
+    from tcl.training import train_model
+
+    d = tmp_path_factory.mktemp("tuner-kb")
+    sets = []
+    for name in ("dense_256", "conv2d_small"):
+        ingest(fixture_path(f"metaschedule/{name}"), PLATFORM, d / f"{name}.parquet")
+        sets.append(featurize_file(d / f"{name}.parquet", d / f"{name}.npz", max_len=48))
+    torch.manual_seed(0)
+    model = new_model("mamba", sets[0].meta["n_features"], TINY, sets[0].meta)
+    model, _ = train_model(model, sets, sets[1:], {"epochs": 2, "batch_size": 16, "threads": 1},
+                           d / "train", progress=False)
+    return export_model(model, d / "kb.onnx", FAMILY)
+
+
+def dense_candidates(n: int, seed: int = 0, workload: str = "dense_64"):
+    """Real MetaSchedule candidates (default: a 64x64x64 matmul): design-space samples,
+    postprocessed."""
+    from tcl.collect.measure import sample_programs
+    from tcl.collect.workloads import build_workload, resolve_workload
+    from tcl.tuner.tune import use_x86_intrinsics_only
+
+    use_x86_intrinsics_only()
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    mod = build_workload(resolve_workload(workload))
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    programs = sample_programs(mod, target, n, seed)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    ctx = ms.TuneContext(mod=mod, target=Target(target))
+    return mod, target, ctx, [ms.MeasureCandidate(sch, args) for sch, _, _ in programs], programs
+
+
+# every kind of operator the networks hold (their design spaces use different instructions)
+@pytest.mark.parametrize("workload", ["dense_64", "conv2d_small", "softmax_small", "layer_norm_128_128",
+                                      "depthwise_conv2d_14_384_3_1", "batch_matmul_2_128_64_128"])
+def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, workload):
+    """The steps of a candidate equal those ingest makes of its database line (the KB was
+    trained on those): committed to a real JSONDatabase, read back by the records reader. The
+    trace library's steps differ only in an IndexMap's text, which gives the same features."""
+    import orjson
+
+    from tcl.collect.measure import commit, open_database
+    from tcl.features import Featurizer
+    from tcl.records.metaschedule import trace_to_steps
+    from tcl.tuner.traces import candidate_steps, trace_library
+
+    mod, target, _, candidates, programs = dense_candidates(70, workload=workload)
+    db = open_database(tmp_path)
+    for sch, _, _ in programs:
+        commit(db, mod, sch.trace, [1e-3], target)
+    lines = (tmp_path / "database_tuning_record.json").read_text().splitlines()
+    from_file = [trace_to_steps(orjson.loads(line)[1][0]) for line in lines]
+    assert len(from_file) == len(candidates) == 70
+    assert candidate_steps(candidates, use_library=False) == from_file
+    if trace_library() is None:
+        pytest.skip("TCL's trace library is not built (pip install -e . --no-build-isolation)")
+    fast = candidate_steps(candidates)  # 70 candidates: two threads, a half each
+    assert any("<IndexMap>" in step for steps in fast for step in steps) or workload != "dense_64"
+    unmap = [[[s if s != "<IndexMap>" else None for s in step] for step in steps] for steps in fast]
+    ref = [[[s if not (isinstance(s, str) and s.startswith('{\n  "root_index"')) else None for s in step]
+            for step in steps] for steps in from_file]
+    assert unmap == ref
+    x_fast, m_fast = Featurizer(48)(fast)
+    x_file, m_file = Featurizer(48)(from_file)
+    np.testing.assert_array_equal(x_fast, x_file)
+    np.testing.assert_array_equal(m_fast, m_file)
+
+
+def test_cost_model_scores_equal_the_predictor_on_the_same_features(kb):
+    from tcl.features import Featurizer
+    from tcl.serving import load_predictor
+    from tcl.tuner.cost_model import TCLCostModel, positive_scores
+    from tcl.tuner.traces import candidate_steps
+
+    _, _, ctx, candidates, _ = dense_candidates(40)
+    cm = TCLCostModel(str(kb), family=FAMILY)
+    got = cm.predict(ctx, candidates)
+    x, mask = Featurizer(48)(candidate_steps(candidates))
+    ref = load_predictor(kb).predict(x, mask).astype(np.float64)
+    assert got.dtype == np.float64 and got.shape == (40,)
+    # the logistic map is increasing: the same order, and its values by hand in float64
+    np.testing.assert_allclose(got, 1.0 / (1.0 + np.exp(-ref)), rtol=1e-6)
+    assert np.all(got > 0)
+    assert cm.stats.predict_calls == 1 and cm.stats.candidates_scored == 40 and cm.stats.cached == 0
+    again = cm.predict(ctx, candidates)  # the same schedules again: answered from the cache
+    np.testing.assert_array_equal(again, got)
+    assert cm.stats.cached == 40 and cm.stats.candidates_scored == 80
+    assert positive_scores(np.array([np.nan, -np.inf])).tolist() == [0.0, 0.0]
+
+
+def test_cost_model_refuses_a_kb_of_another_family(kb):
+    from tcl.serving import ModelMismatchError
+    from tcl.tuner.cost_model import TCLCostModel
+
+    with pytest.raises(ModelMismatchError, match="family"):
+        TCLCostModel(str(kb), family="x86-sse")
+
+
+def test_tuner_path_runs_without_torch_or_mlflow(kb):
+    """Neither torch nor MLflow is needed to score candidates (TVM's FFI imports torch when it
+    is installed, so both are blocked here: the tuner must still work)."""
+    code = f"""
+import sys
+sys.modules['torch'] = None; sys.modules['mlflow'] = None   # any import of them fails
+from tests.test_tuner import dense_candidates
+from tcl.tuner.cost_model import TCLCostModel
+_, _, ctx, cands, _ = dense_candidates(8)
+s = TCLCostModel({str(kb)!r}).predict(ctx, cands)
+assert len(s) == 8 and (s > 0).all()
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def tune_json(proc) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tcl_tune_writes_a_database_that_ingests(kb, tmp_path, store):
+    out = tmp_path / "tuned"
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", 8,
+                   "--cost-model", "tcl", "--model", kb, "--out", out, "--min-repeat-ms", 0,
+                   "--repeat", 1, "--no-progress", "--json")
+    result = tune_json(proc)
+    assert set(result) == {"tasks", "weighted_latency_s", "seconds", "predict_calls",
+                           "candidates_scored", "predict_seconds"}
+    (task,) = result["tasks"]
+    assert set(task) == {"task", "best_latency_s", "trials"} and task["task"] == "dense_64"
+    assert task["trials"] == 8 and 0 < task["best_latency_s"] < 1
+    assert result["weighted_latency_s"] == pytest.approx(task["best_latency_s"])
+    assert result["predict_calls"] > 0 and result["candidates_scored"] >= result["predict_calls"]
+    assert 0 < result["predict_seconds"] < result["seconds"]
+    # the best latency reported is the best valid record in the database written
+    lines = [json.loads(s) for s in (out / "database_tuning_record.json").read_text().splitlines()]
+    assert len(lines) == 8
+    best = min(sum(r[1][1]) / len(r[1][1]) for r in lines if max(r[1][1]) < 1e9)
+    assert task["best_latency_s"] == pytest.approx(best, rel=1e-9)
+    # the loop closes: the tuning database is more data for the platform
+    ingested = json.loads(run_tcl("ingest", out, "--platform", PLATFORM, "--out", tmp_path / "t.parquet",
+                                  "--json").stdout.strip().splitlines()[-1])
+    assert ingested["records"] + sum(ingested["rejected"].values()) == 8
+    assert ingested["records"] >= 1 and ingested["tasks"] == 1
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "t.parquet")
+    assert set(table.column("task_id").to_pylist()) == {"dense_64"}
+    # the run is an MLflow run with the figures
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["tcl-tune"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.params["cost_model"] == "tcl"
+    assert runs[0].data.metrics["candidates_scored"] == result["candidates_scored"]
+
+
+def test_tune_refuses_bad_arguments(tmp_path, store):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    def tune(*args):
+        return CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--no-progress",
+                                         *map(str, args)])
+
+    res = tune("--cost-model", "tcl", "--out", tmp_path / "o")
+    assert res.exit_code == 2 and "exactly one of --workload" in res.output
+    res = tune("--workload", "dense_64", "--cost-model", "mlp", "--out", tmp_path / "o")
+    assert res.exit_code == 1 and "--cost-model mlp needs --model" in res.output
+    res = tune("--workload-db", fixture_path("metaschedule/dense_256"), "--task-index", 3,
+               "--cost-model", "random", "--out", tmp_path / "o")
+    assert res.exit_code == 2 and "out of range" in res.output
+    # remote measurement is collection's (tests/test_collect.py runs a tracker and a server)
+    res = tune("--workload", "dense_64", "--cost-model", "random", "--out", tmp_path / "r",
+               "--rpc-tracker", "127.0.0.1:9190")
+    assert res.exit_code == 2 and "--rpc-tracker needs --rpc-key" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_study_ratios_by_hand():
+    from tcl.bench.tune import ratios
+
+    inf = float("inf")
+    curves = {  # (trials, best latency after each batch, seconds)
+        "tcl": ([16, 32, 48, 64], [9.0, 5.0, 4.0, 4.0], [10.0, 20.0, 30.0, 40.0]),
+        "xgb": ([16, 32, 48, 64], [inf, 8.0, 6.0, 5.0], [12.0, 24.0, 36.0, 48.0]),
+        "random": ([16, 32, 48, 64], [7.0, 3.0, 3.0, 3.0], [11.0, 22.0, 33.0, 44.0]),
+    }
+    r = ratios(curves)
+    # xgb ends at 5.0, which TCL first reaches after 32 trials (20 s): 64/32 trials, 48/20 s
+    assert r["xgb"]["speedup_trials"] == 2.0 and r["xgb"]["speedup_seconds"] == 2.4
+    assert r["xgb"]["latency_ratio_at_equal_trials"] == 5.0 / 4.0
+    # random ends at 3.0, which TCL never reaches
+    assert r["random"]["speedup_trials"] is None and r["random"]["latency_ratio_at_equal_trials"] == 0.75
+
+
+def test_bench_tune_end_to_end(kb, tmp_path):
+    from tcl.bench.tune import bench_tune, format_report
+    from tcl.collect.measure import MeasureSettings
+
+    report = bench_tune(PLATFORM, "dense_64", trials=4, trials_per_iter=2, seeds=(0,),
+                        cost_models=("tcl", "random"), model=str(kb), out_dir=tmp_path,
+                        settings=MeasureSettings(number=1, repeat=1, min_repeat_ms=0), progress=False)
+    for name in ("tcl", "random"):
+        curve = report["curves"][name]
+        assert curve["trials"] == [2, 4]
+        assert curve["best_latency_s"][1] <= curve["best_latency_s"][0]  # a best-so-far curve
+        (task,) = report["runs"][f"{name}/seed0"]["tasks"]
+        assert task["best_latency_s"] == pytest.approx(curve["best_latency_s"][-1])
+    r = report["ratios"]["random"]
+    assert r["latency_ratio_at_equal_trials"] == pytest.approx(
+        report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl"]["best_latency_s"][-1])
+    assert report["cost_model"]["candidates_scored"] > 0
+    text = format_report(report)
+    assert "tcl vs random" in text and "KB inside tuning" in text
+
+
+def test_mlp_cost_model_scores_each_candidates_store_rows(tmp_path):
+    """The offline Tenset-MLP scores a candidate from its own per-store rows (MetaSchedule's
+    extractor), whatever the other candidates of the batch: each scored alone agrees."""
+    import torch
+
+    from tcl.models import new_model
+    from tcl.tuner.baselines import TensetMLPCostModel
+    from tcl.tuner.cost_model import positive_scores
+
+    torch.manual_seed(0)
+    model = new_model("mlp-tenset", 172, {"hidden_dim": 16})
+    model.save(tmp_path / "model.pt")
+    _, _, ctx, candidates, _ = dense_candidates(6)
+    cm = TensetMLPCostModel(tmp_path)
+    batch = cm.predict(ctx, candidates)
+    alone = np.array([cm.predict(ctx, [c])[0] for c in candidates])
+    np.testing.assert_allclose(batch, alone, rtol=1e-5)
+    rows = [f.numpy() for f in cm.extractor.extract_from(ctx, candidates[:1])]
+    with torch.no_grad():  # the net on the first program's store rows, by hand
+        ref = model.net(torch.tensor([len(rows[0])]), torch.from_numpy(rows[0].astype(np.float32)))
+    np.testing.assert_allclose(batch[0], positive_scores(ref.double().numpy())[0], rtol=1e-5)
+    assert cm.stats.candidates_scored == 12 and len(np.unique(batch)) > 1
+
+
+def test_tune_measures_through_an_rpc_tracker_and_server(tmp_path):
+    import os
+    import time
+
+    from tests.conftest import stop_process_tree
+    from tests.test_collect import _free_port
+
+    port, server_port = _free_port(), _free_port()
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
+    server = None
+    try:
+        time.sleep(2)
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+                                   "--key", "tcl-tune", "--host", "127.0.0.1", "--port", str(server_port),
+                                   "--port-end", str(server_port + 50), "--silent"], env=env)
+        time.sleep(3)
+        out = tmp_path / "rpc-tuned"
+        proc = run_tcl("tune", "--platform", "x86-sse-t1", "--workload", "dense_64", "--trials", 4,
+                       "--cost-model", "random", "--out", out, "--min-repeat-ms", 1, "--no-progress", "--json",
+                       "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "tcl-tune",
+                       env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+        (task,) = tune_json(proc)["tasks"]
+        assert task["trials"] == 4 and task["best_latency_s"] > 0
+        assert json.loads((out / "tune.json").read_text())["rpc"] == {"tracker": f"127.0.0.1:{port}",
+                                                                       "key": "tcl-tune"}
+    finally:
+        for p in (server, tracker):
+            if p is not None:
+                stop_process_tree(p)
+
+
+def test_tasks_of_a_network_and_of_a_workload_database():
+    from tvm_ffi import structural_hash
+
+    from tcl.cli.tuning import _tasks
+    from tcl.collect.networks import bert
+    from tcl.tuner.tune import workload_tasks
+
+    tasks = _tasks(None, None, None, "bert_tiny")
+    ops = bert(2, 128, 2)
+    assert len(tasks) == len(set(ops)) and sum(t.weight for t in tasks) == len(ops)
+    (task,) = workload_tasks(fixture_path("metaschedule/dense_256"), 0)
+    shash = json.loads((fixture_path("metaschedule/dense_256") / "database_workload.json").read_text())[0]
+    assert str(structural_hash(task.mod)) == str(shash) and task.weight == 1.0
