@@ -131,14 +131,10 @@ def _settings(measure: dict | None):
 def _rpc(tracker: str | None, key: str | None):
     from ..collect.measure import RpcSettings
 
-    if not tracker:
-        return None
-    if not key:
-        _fail("--rpc-tracker needs --rpc-key")
-    host, _, port = tracker.rpartition(":")
-    if not host or not port.isdigit():
-        _fail(f"--rpc-tracker must be HOST:PORT, got {tracker!r}")
-    return RpcSettings(host, int(port), key)
+    try:
+        return RpcSettings.from_options(tracker, key)
+    except ValueError as e:
+        _fail(str(e))
 
 
 @click.command()

@@ -54,6 +54,18 @@ class RpcSettings:
     key: str
     session_timeout_s: float = 60.0
 
+    @classmethod
+    def from_options(cls, tracker: str | None, key: str | None) -> "RpcSettings | None":
+        """`--rpc-tracker HOST:PORT` and `--rpc-key KEY` -> settings (None without a tracker)."""
+        if not tracker:
+            return None
+        if not key:
+            raise ValueError("--rpc-tracker needs --rpc-key")
+        host, _, port = tracker.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--rpc-tracker must be HOST:PORT, got {tracker!r}")
+        return cls(host, int(port), key)
+
 
 def use_x86_intrinsics_only() -> None:
     """Make `tvm.s_tir.tensor_intrin` importable without its package __init__.
