@@ -329,10 +329,13 @@ def featurize_table(table, max_len: int = 48) -> FeatureSet:
 
 
 def featurize_file(records_path: str | os.PathLike, out: str | os.PathLike, max_len: int = 48) -> FeatureSet:
-    from .records.ingest import read_records
+    from .records.ingest import read_provenance, read_records
 
-    fs = featurize_table(read_records(records_path), max_len)
+    table = read_records(records_path)
+    fs = featurize_table(table, max_len)
     fs.meta["source"] = Path(records_path).name
+    if (origin := read_provenance(table)) is not None:
+        fs.meta["provenance"] = origin
     fs.save(out)
     return fs
 

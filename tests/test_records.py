@@ -160,3 +160,32 @@ def test_reader_loads_no_pickle(tmp_path):
     (tmp_path / "evil.json").write_bytes(pickle.dumps({"x": 1}))
     items = list(iter_source(tmp_path / "evil.json", "t4"))
     assert all(isinstance(i, Reject) for i in items)
+
+
+def test_provenance_of_a_tuning_database_travels_to_records_and_features(tmp_path):
+    """A database `tcl tune` wrote (its tune.json beside it) ingests as more data for its platform,
+    and the records and features say where they came from."""
+    import shutil
+
+    from tcl.features import FeatureSet, featurize_file
+    from tcl.records.ingest import read_provenance
+
+    db = tmp_path / "tuned"
+    shutil.copytree(fixture_path("metaschedule/dense_256"), db)
+    settings = {"platform": "znver4-avx512-t2", "cost_model": "tcl", "seed": 3, "trials": 24}
+    (db / "tune.json").write_text(json.dumps(settings))
+    out = tmp_path / "more.parquet"
+    proc = run_tcl("ingest", db, "--platform", "znver4-avx512-t2", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    reported = json.loads(proc.stdout.strip().splitlines()[-1])["provenance"]
+    assert reported == {"source": str(db), "format": "metaschedule",
+                        "origin": {"made_by": "tcl tune", "file": "tune.json", **settings}}
+    assert read_provenance(pq.read_table(out)) == reported
+    featurize_file(out, tmp_path / "more.npz")
+    assert FeatureSet.load(tmp_path / "more.npz").meta["provenance"] == reported
+
+
+def test_provenance_without_an_origin_file_names_the_source(tmp_path):
+    out = tmp_path / "t4.parquet"
+    report = ingest(fixture_path(T4), "t4", out)
+    assert report.provenance == {"source": str(fixture_path(T4)), "format": "ansor", "origin": {}}

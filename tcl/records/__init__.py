@@ -156,9 +156,11 @@ class IngestReport:
     tasks: int = 0
     rejected: dict = field(default_factory=dict)  # reason -> count
     rejects_path: str | None = None
+    provenance: dict | None = None  # where the records come from (tcl.records.ingest.provenance)
 
     def count(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def as_dict(self) -> dict:
-        return {"records": self.records, "tasks": self.tasks, "rejected": dict(sorted(self.rejected.items())), "rejects_path": self.rejects_path}
+        return {"records": self.records, "tasks": self.tasks, "rejected": dict(sorted(self.rejected.items())),
+                "rejects_path": self.rejects_path, "provenance": self.provenance}

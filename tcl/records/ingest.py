@@ -91,6 +91,29 @@ def records_to_table(records: list[Record]):
     })
 
 
+# What made a MetaSchedule database, written beside it: `tcl tune` (tune.json), `tcl collect`
+# (collect.json). Their content travels with the records as their provenance.
+ORIGIN_FILES = {"tune.json": "tcl tune", "collect.json": "tcl collect"}
+PROVENANCE_KEY = b"tcl.provenance"
+
+
+def provenance(src: str | os.PathLike, fmt: str) -> dict:
+    """Where records come from: the source path, its format and, for a database written by
+    `tcl tune` or `tcl collect`, that file's settings (platform, cost model, seed, TVM version...)."""
+    src = Path(src)
+    folder = src if src.is_dir() else src.parent
+    origin = {}
+    for name, made_by in ORIGIN_FILES.items():
+        path = folder / name
+        if path.is_file():
+            try:
+                origin = {"made_by": made_by, "file": name, **json.loads(path.read_text())}
+            except (OSError, ValueError) as exc:  # an unreadable origin file costs the provenance, not the data
+                origin = {"made_by": made_by, "file": name, "error": str(exc)}
+            break
+    return {"source": str(src), "format": fmt, "origin": origin}
+
+
 def ingest(src, platform: str, out: str | os.PathLike, fmt: str = "auto",
            progress: bool = False) -> IngestReport:
     """Read `src`, write `out` (Parquet) and `out.rejects.jsonl`; raise NoValidRecords if empty."""
@@ -120,9 +143,18 @@ def ingest(src, platform: str, out: str | os.PathLike, fmt: str = "auto",
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(report.rejected.items())) or "nothing read"
             raise NoValidRecords(f"{src}: no valid records remain ({reasons}); rejects of this run kept in "
                                  f"{failed}, {out} left as it was")
+        report.provenance = provenance(src, detect_format(Path(src)) if fmt == "auto" else fmt)
+        table = records_to_table(records)
+        table = table.replace_schema_metadata({PROVENANCE_KEY: json.dumps(report.provenance).encode()})
         with atomic_path(out, suffix=".parquet") as tmp:
-            pq.write_table(records_to_table(records), tmp)
+            pq.write_table(table, tmp)
     return report
+
+
+def read_provenance(table) -> dict | None:
+    """The provenance `ingest` stored in a records table (None for files from before it)."""
+    meta = table.schema.metadata or {}
+    return json.loads(meta[PROVENANCE_KEY]) if PROVENANCE_KEY in meta else None
 
 
 def read_records(path: str | os.PathLike):
