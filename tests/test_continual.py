@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,6 +285,90 @@ def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, 
     loss = json.loads((tmp_path / "loss.json").read_text())
     assert [r["epoch"] for r in loss] == [0, 1]  # one KD epoch per platform (--epochs 1 over pipeline.train)
     assert json.loads((tmp_path / "kb" / "mlflow_run.json").read_text())["run_id"] in res.output
+
+
+def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tmp_path, store, one_torch_thread):
+    """The main job's ckd stage: the first platform from its whole training split, the later one
+    from the sample stage's subset (continual.target_ratio), logged as an artifact of the parent
+    run; evaluate puts the from-scratch model beside it; a missing subset is a clear error."""
+    import mlflow
+
+    from tcl.features import FeatureSet
+    from tcl.pipeline import main as pipeline
+    from tcl.sampling.subset import sample_features
+
+    names = ["x86-sse-t1", "x86-sse-t2"]
+    for i, name in enumerate(names):
+        d = tmp_path / "splits" / name
+        d.mkdir(parents=True)
+        data = _platform(name, i + 1)
+        data.train.save(d / "train.npz")
+        data.valid.save(d / "valid.npz")
+        data.valid.save(d / "test.npz")
+    full = FeatureSet.load(tmp_path / "splits" / "x86-sse-t2" / "train.npz")
+    subset, _ = sample_features(full, 0.25, "random", {}, seed=3)
+    subset_path = tmp_path / "subsets" / "x86-sse-t2" / "random-0.25.npz"
+    subset_path.parent.mkdir(parents=True)
+    subset.save(subset_path)
+    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}, "target_ratio": 0.25}
+    params = {**PARAMS, "continual": continual, "families": {"x86-sse": names},
+              "sample": {"strategy": "random", "ratios": [0.1, 0.25]}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    common = ["--params", str(tmp_path / "params.yaml"), "--splits", str(tmp_path / "splits")]
+    args = ["ckd", "x86-sse", "--out", str(tmp_path / "kb"), "--loss-plot", str(tmp_path / "loss.json"),
+            "--valid-plot", str(tmp_path / "valid.json"), "--subsets", str(tmp_path / "subsets"), *common,
+            "--epochs", "1"]
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code == 0, res.output
+
+    summary = json.loads((tmp_path / "kb" / "continual.json").read_text())
+    md5 = lambda p: hashlib.md5(p.read_bytes(), usedforsecurity=False).hexdigest()  # noqa: E731
+    t1, t2 = summary["train_data"]["x86-sse-t1"], summary["train_data"]["x86-sse-t2"]
+    assert t1["file"] == str(tmp_path / "splits" / "x86-sse-t1" / "train.npz") and "sample" not in t1
+    assert t1["programs"] == len(FeatureSet.load(t1["file"]))
+    assert t2["file"] == str(subset_path) and t2["hash"] == md5(subset_path)
+    assert t2["programs"] == len(subset) == round(0.25 * len(full))
+    assert t2["sample"]["strategy"] == "random" and t2["sample"]["seed"] == 3
+    # the KD phase of the later platform trained on the subset's programs, not the whole split
+    client = mlflow.MlflowClient()
+    kd_run = client.get_run(summary["per_platform"][1]["runs"]["kd"])
+    assert kd_run.data.params["data"] == str(subset_path)
+    # the subset is an artifact of the parent run (the KB's run), byte for byte
+    run_id = summary["run_id"]
+    assert client.get_run(run_id).data.params["data.x86-sse-t2"] == str(subset_path)
+    got = Path(client.download_artifacts(run_id, "subsets/x86-sse-t2/random-0.25.npz", str(tmp_path / "dl")))
+    assert md5(got) == md5(subset_path)
+    assert [a.path for a in client.list_artifacts(run_id, "subsets")] == ["subsets/x86-sse-t2"]
+
+    # evaluate: the KB's fields as before, the from-scratch model beside it
+    scratch = ["train", "x86-sse", "--out", str(tmp_path / "scratch"), "--loss-plot", str(tmp_path / "sl.json"),
+               "--valid-plot", str(tmp_path / "sv.json"), "--run-name", "scratch-x86-sse", *common, "--epochs", "1"]
+    assert CliRunner().invoke(pipeline, scratch).exit_code == 0
+    ev = ["evaluate", "x86-sse", "--model", str(tmp_path / "kb"), "--scratch", str(tmp_path / "scratch"),
+          "--out", str(tmp_path / "m.json"), "--plot", str(tmp_path / "topk.json"), *common]
+    res = CliRunner().invoke(pipeline, ev)
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    test_fs = FeatureSet.load(tmp_path / "splits" / "x86-sse-t1" / "test.npz")
+    from tcl import metrics as M
+
+    for key, model_dir in (("kb", "kb"), ("scratch", "scratch")):  # an independent evaluation of each
+        ref = M.evaluate(load_model(tmp_path / model_dir).predict_features(test_fs), test_fs)["top1"]
+        got_top1 = (m if key == "kb" else m["scratch"])["per_platform"]["x86-sse-t1"]["top1"]
+        assert got_top1 == pytest.approx(ref)
+    assert m["model"] == "ckd" and m["train_data"] == summary["train_data"]
+    assert m["ckd_minus_scratch"]["top1"] == pytest.approx(m["top1"] - m["scratch"]["top1"])
+    rows = json.loads((tmp_path / "topk.json").read_text())
+    assert {r.get("model") for r in rows} == {None, "scratch"}
+    assert len([r for r in rows if r.get("model") == "scratch"]) == len(rows) / 2
+
+    # the ratio must be one the sample stage makes, and the subset must exist
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.5}}))
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "target_ratio 0.5 is not one of sample.ratios" in res.output
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.1}}))
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "missing subset" in res.output and "random-0.1.npz" in res.output
 
 
 def test_teacher_targets_keep_the_teachers_order_within_each_task_in_0_1():

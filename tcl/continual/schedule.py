@@ -65,6 +65,9 @@ DEFAULTS = {
     "kd_guard": True,
     "cl": {},
     "kd": {"lr": 1e-4},
+    # the main job (tcl.pipeline ckd): a family's later platforms learn from this share of their
+    # training programs (the sample stage's subset); None: from their whole training split
+    "target_ratio": None,
 }
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "continual.json"
@@ -104,6 +107,7 @@ class PlatformData:
     train: object = None
     valid: object = None
     test: object = None
+    train_file: str | None = None  # where `train` was read from (logged with the runs that train on it)
 
     @property
     def monitor(self):
@@ -123,7 +127,33 @@ def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
     d = Path(splits_dir) / platform
     parts = {part: FeatureSet.load(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
              for part in ("train", "valid", "test")}
-    return PlatformData(platform, **parts)
+    return PlatformData(platform, **parts, train_file=str(d / "train.npz") if parts["train"] is not None else None)
+
+
+def train_data_info(data: PlatformData) -> dict:
+    """What a platform was learned from: the file, its hash (tracking.data_hash), its programs and,
+    for a sampled subset (``meta["sample"]``, `tcl sample`), how they were chosen."""
+    from tcl import tracking
+
+    info = {"file": data.train_file, "programs": int(len(data.train)),
+            "hash": tracking.data_hash(data.train_file) if data.train_file else None}
+    how = (getattr(data.train, "meta", None) or {}).get("sample")
+    if how:
+        info["sample"] = {k: how.get(k) for k in ("strategy", "ratio", "seed", "rounds", "selected", "pool",
+                                                 "seconds")}
+    return info
+
+
+def log_training_data(data: PlatformData, info: dict) -> None:
+    """Log to the active MLflow run the file a platform is learned from (param ``data.<platform>``)
+    and, when it is a sampled subset, the subset itself as an artifact (``subsets/<platform>/``):
+    a few hundred programs, and the record of how they were chosen travels with the run."""
+    import mlflow
+
+    mlflow.log_param(f"data.{data.platform}", str(info["file"]))
+    mlflow.set_tag(f"data_hash.{data.platform}", str(info["hash"]))
+    if "sample" in info and data.train_file:
+        mlflow.log_artifact(data.train_file, artifact_path=f"subsets/{data.platform}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,11 +301,12 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     ac = new_net_model(params, cfg, "ac", n_features, meta, seed)
     if kb is not None and cfg["ac_init"] == "distill" and int(cfg["ac_init_epochs"]) > 0:
         with _phase_run(track, f"ac-init-{data.platform}", {"phase": "ac-init", "platform": data.platform,
-                                                            **_flat("train", cl_p)}) as run:
+                                                            "data": data.train_file, **_flat("train", cl_p)}) as run:
             report["ac_init"] = init_ac(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-ac-init-{data.platform}",
                                         track)
             report["runs"]["ac_init"] = run.info.run_id if run else None
-    with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform, "beta": cfg["beta"],
+    with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform,
+                                                   "data": data.train_file, "beta": cfg["beta"],
                                                    **_flat("phi", cfg["phi"]), **_flat("train", cl_p)}) as run:
         report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-cl-{data.platform}", track)
         report["runs"]["cl"] = run.info.run_id if run else None
@@ -284,7 +315,8 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     if kb is None:
         kb = new_net_model(params, cfg, "kb", n_features, meta, seed)
     with _phase_run(track, f"kd-{data.platform}", {"phase": "kd", "platform": data.platform,
-                                                   "lambda_ewc": cfg["lambda_ewc"], "ewc": ewc is not None,
+                                                   "data": data.train_file, "lambda_ewc": cfg["lambda_ewc"],
+                                                   "ewc": ewc is not None,
                                                    **_flat("train", kd_p)}) as run:
         _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, out_dir / f"{step:02d}-kd-{data.platform}", track)
         report["runs"]["kd"] = run.info.run_id if run else None
@@ -335,6 +367,7 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
         ctx = tracking.start_run(cfg["experiment"], run_name=f"ckd-{family}",
                                  tags={"family": family, "platforms": ",".join(names), "schedule": "ckd"})
     kb, reports = None, []
+    train_data = {d.platform: train_data_info(d) for d in platforms}
     with ctx as parent:
         run_id = parent.info.run_id if parent else None
         if parent:
@@ -343,6 +376,8 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
             atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
             mlflow.log_params({"family": family, "platforms": ",".join(names), "beta": cfg["beta"],
                                "lambda_ewc": cfg["lambda_ewc"], "ac_init": cfg["ac_init"]})
+            for d in platforms:
+                log_training_data(d, train_data[d.platform])
         for i, data in enumerate(platforms):
             kb, _, report = learn_platform(kb, data, platforms[:i + 1], params, cfg, out / "phases", i, track)
             report["kb_held_out"] = held_out_metrics(kb, platforms[:i + 1])
@@ -354,7 +389,8 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
         ckpt = _save_kb(kb, out, {"run_id": run_id, "family": family})
     summary = json_safe({"family": family, "platforms": names, "run_id": run_id, "checkpoint": str(ckpt),
                          "phi": {r["platform"]: r["cl"]["phi"] for r in reports},
-                         "kb_held_out": reports[-1]["kb_held_out"], "per_platform": reports})
+                         "kb_held_out": reports[-1]["kb_held_out"], "train_data": train_data,
+                         "per_platform": reports})
     atomic_write_json(out / SUMMARY_FILE, summary)
     return summary
 
@@ -423,7 +459,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     target_fs = FeatureSet.load(target_data)
     target = PlatformData(target_fs.platform, target_fs,
                           FeatureSet.load(target_valid) if target_valid else None,
-                          FeatureSet.load(target_test) if target_test else None)
+                          FeatureSet.load(target_test) if target_test else None, train_file=str(target_data))
     for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test)):
         if fs is not None and int(fs.x.shape[2]) != kb.n_features:
             raise ContinualError(f"{part} of {target.platform!r} has {fs.x.shape[2]} features per step; the KB "
@@ -470,6 +506,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         run_id = parent.info.run_id if parent else None
         if parent:
             atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
+            log_training_data(target, train_data_info(target))
         kb, _, report = learn_platform(kb, target, [*src, target], params, cfg, out / "phases", 0, track)
         after = held_out_metrics(kb, src)
         target_after = held_out_metrics(kb, [target])
