@@ -119,19 +119,18 @@ def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
     return loss, valid
 
 
-def topk_rows(per_platform: dict[str, dict], model: str | None = None) -> list[dict]:
+def topk_rows(per_platform: dict[str, dict], model: str = "kb", label_prefix: str = "") -> list[dict]:
     """One row per (platform, held-out network, k) for a horizontal bar chart, plus the wide
-    values: platform, network, top1, top5, metric (``top1``/``top5``), score, label. `model`
-    (e.g. ``scratch``) prefixes the label and is kept as a column, to put a comparison beside."""
+    values: model, platform, network, top1, top5, metric (``top1``/``top5``), score, label
+    (``<label_prefix><platform>/<network> <k>``: a prefix tells a comparison's bars apart). Every
+    row has every key (`dvc plots` fails on rows that differ)."""
     rows = []
     for platform, res in per_platform.items():
         for net, m in (res.get("per_network") or {}).items():
             for k in ("top1", "top5"):
-                label = f"{platform}/{net} {k}"
-                rows.append(json_safe({"label": f"{model}: {label}" if model else label, "platform": platform,
-                                     "network": net, "metric": k, "score": m.get(k),
-                                     "top1": m.get("top1"), "top5": m.get("top5"),
-                                     **({"model": model} if model else {})}))
+                rows.append(json_safe({"label": f"{label_prefix}{platform}/{net} {k}", "model": model,
+                                     "platform": platform, "network": net, "metric": k, "score": m.get(k),
+                                     "top1": m.get("top1"), "top5": m.get("top5")}))
     return rows
 
 
@@ -199,9 +198,12 @@ def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_pa
             raise click.ClickException(f"missing subset {path} (run the sample stage: "
                                        f"`dvc repro sample`, or `tcl sample`)")
         try:
-            d.train, d.train_file = load_feature_set(path), path
+            subset = load_feature_set(path)
         except FeatureFileError as exc:
             raise click.ClickException(str(exc)) from None
+        if subset.platform != d.platform:
+            raise click.ClickException(f"{path} holds programs of platform {subset.platform!r}, not {d.platform!r}")
+        d.train, d.train_file = subset, path
     pipe = dict(params.get("pipeline") or {})
     params = {**params, "pipeline": {**pipe, "train": {**(pipe.get("train") or {}), **(train_overrides or {})}}}
     try:
@@ -269,7 +271,7 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
         other = held_out_results(scratch, platforms, files)
         result["scratch"] = other
         result["ckd_minus_scratch"] = {k: result[k] - other[k] for k in ("top1", "top5", "task_top1", "task_top5")}
-        rows += topk_rows(other["per_platform"], model="scratch")
+        rows += topk_rows(other["per_platform"], model="scratch", label_prefix="scratch: ")
     result = json_safe(result)
     atomic_write_json(out, result)
     atomic_write_json(plot, rows)

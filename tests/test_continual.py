@@ -310,7 +310,7 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     subset_path = tmp_path / "subsets" / "x86-sse-t2" / "random-0.25.npz"
     subset_path.parent.mkdir(parents=True)
     subset.save(subset_path)
-    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}, "target_ratio": 0.25}
+    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}, "kd_first": {"lr": 0.02}, "target_ratio": 0.25}
     params = {**PARAMS, "continual": continual, "families": {"x86-sse": names},
               "sample": {"strategy": "random", "ratios": [0.1, 0.25]}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -333,6 +333,9 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     client = mlflow.MlflowClient()
     kd_run = client.get_run(summary["per_platform"][1]["runs"]["kd"])
     assert kd_run.data.params["data"] == str(subset_path)
+    # KD of the fresh KB (first platform) at kd_first's rate, of the taught KB at kd's
+    first_kd = client.get_run(summary["per_platform"][0]["runs"]["kd"])
+    assert (first_kd.data.params["train.lr"], kd_run.data.params["train.lr"]) == ("0.02", "0.003")
     # the subset is an artifact of the parent run (the KB's run), byte for byte
     run_id = summary["run_id"]
     assert client.get_run(run_id).data.params["data.x86-sse-t2"] == str(subset_path)
@@ -359,8 +362,9 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     assert m["model"] == "ckd" and m["train_data"] == summary["train_data"]
     assert m["ckd_minus_scratch"]["top1"] == pytest.approx(m["top1"] - m["scratch"]["top1"])
     rows = json.loads((tmp_path / "topk.json").read_text())
-    assert {r.get("model") for r in rows} == {None, "scratch"}
-    assert len([r for r in rows if r.get("model") == "scratch"]) == len(rows) / 2
+    assert {r["model"] for r in rows} == {"kb", "scratch"} and len({frozenset(r) for r in rows}) == 1
+    scratch_rows = [r for r in rows if r["model"] == "scratch"]
+    assert len(scratch_rows) == len(rows) / 2 and all(r["label"].startswith("scratch: ") for r in scratch_rows)
 
     # the ratio must be one the sample stage makes, and the subset must exist
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.5}}))
@@ -369,6 +373,11 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.1}}))
     res = CliRunner().invoke(pipeline, args)
     assert res.exit_code != 0 and "missing subset" in res.output and "random-0.1.npz" in res.output
+    # a subset of another platform under the target's name
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    FeatureSet.load(tmp_path / "splits" / "x86-sse-t1" / "train.npz").save(subset_path)
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "holds programs of platform 'x86-sse-t1', not 'x86-sse-t2'" in res.output
 
 
 def test_teacher_targets_keep_the_teachers_order_within_each_task_in_0_1():

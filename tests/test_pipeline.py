@@ -249,8 +249,8 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         valid = json.loads((root / "plots" / "scratch_valid" / f"{fam}.json").read_text())
         assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == [0, 1]
         topk = json.loads((root / "plots" / "topk" / f"{fam}.json").read_text())
-        assert {(r.get("model"), r["platform"], r["network"], r["metric"]) for r in topk} == {
-            (model, p, n, k) for model in (None, "scratch") for p in platforms for n in TEST_NETWORKS
+        assert {(r["model"], r["platform"], r["network"], r["metric"]) for r in topk} == {
+            (model, p, n, k) for model in ("kb", "scratch") for p in platforms for n in TEST_NETWORKS
             for k in ("top1", "top5")}
 
     runs, versions = _store_counts()

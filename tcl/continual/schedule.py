@@ -65,6 +65,9 @@ DEFAULTS = {
     "kd_guard": True,
     "cl": {},
     "kd": {"lr": 1e-4},
+    # over kd for a fresh KB (a family's first platform): no earlier knowledge to protect, so no
+    # reason for KD's low learning rate (measured: at 3e-4 a fresh KB stayed far below its AC)
+    "kd_first": {},
     # the main job (tcl.pipeline ckd): a family's later platforms learn from this share of their
     # training programs (the sample stage's subset); None: from their whole training split
     "target_ratio": None,
@@ -293,6 +296,8 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
         raise ContinualError(f"platform {data.platform!r}: no training programs")
     out_dir = Path(out_dir)
     cl_p, kd_p = phase_params(params, cfg, "cl"), phase_params(params, cfg, "kd")
+    if kb is None:
+        kd_p = {**kd_p, **(cfg["kd_first"] or {})}
     seed = int(cl_p["seed"]) + step
     n_features = int(data.train.x.shape[2])
     meta = feature_meta([data.train])
