@@ -106,7 +106,7 @@ def target_subset(params: dict) -> tuple[str, object] | None:
 
 def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
     """Per-epoch rows for `dvc plots` from a training history: (epoch, train_loss, lr) and
-    (epoch, valid_top1, valid_top5). Two files because the LambdaRank loss (~1e-3) and top-k
+    (epoch, valid_top1, valid_top5, valid_pairwise). Two files because the LambdaRank loss (~1e-3) and top-k
     (~0.5) would share one y axis otherwise."""
     loss, valid = [], []
     for h in history:
@@ -115,7 +115,7 @@ def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
         loss.append(json_safe({"epoch": int(h["epoch"]), "train_loss": h["train_loss"], "lr": h.get("lr")}))
         if "valid_top1" in h:
             valid.append(json_safe({"epoch": int(h["epoch"]), "valid_top1": h["valid_top1"],
-                                  "valid_top5": h.get("valid_top5")}))
+                                  "valid_top5": h.get("valid_top5"), "valid_pairwise": h.get("valid_pairwise")}))
     return loss, valid
 
 

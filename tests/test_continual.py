@@ -78,8 +78,9 @@ def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one
     assert state.platforms == ["p0", "p1"]
 
 
-def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb):
-    cfg, data = settings(PARAMS), _platform("p1", 1)
+@pytest.mark.parametrize("select", ["top1", "pairwise"])
+def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb, select):
+    cfg, data = {**settings(PARAMS), "select": select}, _platform("p1", 1)
     kb = load_model_copy(taught_kb, tmp_path)
     # validation programs whose measured order is the KB's own: it starts at top-1 = 1, unbeatable
     valid = data.valid
@@ -88,10 +89,59 @@ def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, o
     backwards = _negated(load_model_copy(taught_kb, tmp_path))  # an AC that ranks every task backwards
     earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
     kb_before = _state(kb)
-    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, TRAIN, tmp_path / "kd")
+    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, {**TRAIN, "select": select}, tmp_path / "kd")
     assert res["kept_start"] and _same(_state(kb), kb_before)
-    assert res["start_valid_top1"] == 1.0 and all(r["valid_top1"] < 1.0 for r in res["epochs"])
+    # the KB's own order: every metric at its maximum, which no KD epoch reaches
+    assert res["select"] == select and res["start_valid"] == 1.0
+    assert all(r[f"valid_{select}"] < 1.0 for r in res["epochs"])
     assert state.platforms == ["p0", "p1"]  # the platform is still finished (its Fisher added)
+
+
+def test_kd_task_term_adds_alpha_times_the_kb_label_loss(tmp_path, one_torch_thread, taught_kb):
+    """α·L_task(KB, D_t) beside L_distill: at lr 0 the KB stays put, so the epoch's reported
+    loss_task is α times the mean LambdaRank of the KB's scores against the labels over the same
+    batches, computed here with the loss function directly (float64 sums of the batch losses)."""
+    from tcl.losses import lambdarank_loss
+    from tcl.training import epoch_batches, epoch_seed
+
+    data, alpha = _platform("p1", 1), 0.7
+    params = {**TRAIN, "lr": 0.0, "epochs": 1}
+    cfg = {**settings(PARAMS), "alpha_task": alpha}
+    kb = load_model_copy(taught_kb, tmp_path)
+    _, res = kd_phase(kb, _model("ac", seed=1), data, [data], None, cfg, params, tmp_path / "kd")
+    scores = torch.from_numpy(kb.predict_features(data.train).astype(np.float32))
+    fs = data.train
+    batches = epoch_batches([fs], params["batch_size"], np.random.default_rng(epoch_seed(0, 0)), by_task=True)
+    total = sum(float(lambdarank_loss(scores[np.sort(i)], torch.from_numpy(fs.y[np.sort(i)]),
+                                      torch.from_numpy(fs.task[np.sort(i)].astype(np.int64)))) * len(i)
+                for _, i in batches)
+    row = res["epochs"][0]
+    assert row["loss_task"] == pytest.approx(alpha * total / len(fs), rel=1e-4)
+    assert row["loss_distill"] > 0
+
+
+def test_a_phase_keeps_the_epoch_best_on_continual_select(tmp_path, one_torch_thread, taught_kb):
+    """continual.select reaches each phase's early stopping: the AC kept after CL is the epoch with
+    the highest mean validation pairwise accuracy (recomputed here), not the best top-1."""
+    from tcl import metrics as M
+    from tcl.continual.schedule import phase_params
+
+    cfg, data = {**settings(PARAMS), "select": "pairwise"}, _platform("p1", 1)
+    params = {**phase_params(PARAMS, cfg, "cl"), "epochs": 4, "patience": 10}
+    assert params["select"] == "pairwise"
+    ac = _model("ac")
+    res = cl_phase(ac, taught_kb, data, [data], cfg, params, tmp_path)
+    history = [r["valid_pairwise"] for r in res["epochs"]]
+    assert M.evaluate(ac.predict_features(data.valid), data.valid)["pairwise"] == pytest.approx(max(history))
+
+
+def test_bad_selection_metric_and_negative_alpha_are_refused():
+    from tcl.continual.schedule import ContinualError
+
+    with pytest.raises(ContinualError, match="select"):
+        settings({**PARAMS, "continual": {"select": "accuracy"}})
+    with pytest.raises(ContinualError, match="alpha_task"):
+        settings({**PARAMS, "continual": {"alpha_task": -1}})
 
 
 def _negated(model):

@@ -111,7 +111,8 @@ def project(tmp_path_factory):
     params["sample"].update(ratios=RATIOS, rounds=2)
     params["sample"]["retrain"]["train"]["epochs"] = 2
     params["continual"].update(target_ratio=TARGET_RATIO, ac_init_epochs=1, cl={"epochs": 2},
-                               kd={**params["continual"]["kd"], "epochs": 2})
+                               kd={**params["continual"]["kd"], "epochs": 2},
+                               kd_first={**params["continual"]["kd_first"], "epochs": 2})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / ".gitignore").write_text("/mlflow/\n/plots-html/\n")
 
@@ -169,8 +170,10 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
 
     import mlflow
 
+    from tcl import tracking
     from tcl.features import FeatureSet
 
+    tracking.ensure_store()  # MLflow at this project's store: an earlier test in the process may have set another
     client = mlflow.MlflowClient()
     split, subsets = root / "data" / "splits", root / "data" / "subsets"
     # sample: one subset per platform and ratio, recording how it was chosen
@@ -245,6 +248,12 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         valid = json.loads((root / "plots" / "valid" / f"{fam}.json").read_text())
         assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == list(range(2 * len(platforms)))
         assert all(r["train_loss"] > 0 for r in loss) and all(0 <= r["valid_top1"] <= 1 for r in valid)
+        assert all(0 <= r["valid_pairwise"] <= 1 for r in valid)
+        # KD learns the labels beside the AC (continual.alpha_task > 0) on every platform, the first too
+        summary = json.loads((root / "models" / fam / "continual.json").read_text())
+        assert all(r["loss_task"] > 0 and r["loss_distill"] > 0
+                   for p in summary["per_platform"] for r in p["kd"]["epochs"])
+        assert all(p["kd"]["select"] == "pairwise" for p in summary["per_platform"])
         loss = json.loads((root / "plots" / "scratch_train_loss" / f"{fam}.json").read_text())
         valid = json.loads((root / "plots" / "scratch_valid" / f"{fam}.json").read_text())
         assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == [0, 1]

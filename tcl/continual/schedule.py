@@ -13,10 +13,13 @@ For each platform t of a family, in order (``learn_platform``):
    (an ablation).
 2. **CL** (KB frozen): ``L = L_task(AC, D_t) + β·Φ_t(epoch)·L_distill(AC ← KB)`` (tcl.continual.distill).
    Early stopping on D_t's validation set.
-3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + λ·Σ_i F_i (θ_i − θ*_i)²`` on D_t's training
-   programs (tcl.continual.ewc; no EWC term before the first platform is finished), at KD's lower
-   learning rate. Early stopping on the mean validation top-1 of every seen platform, so the kept
-   KB is the one that lost least; with ``kd_guard`` (a KB that already knows platforms), when
+3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·Σ_i F_i (θ_i − θ*_i)²``
+   on D_t's training programs (tcl.continual.ewc; no EWC term before the first platform is
+   finished), at KD's lower learning rate (``kd_first`` over it for a fresh KB). α
+   (``alpha_task``) > 0 departs from the paper's KD (α = 0, no labels): without it a family's
+   first KB was only as good as a few-epoch AC (docs/continual.md). Early stopping on the mean
+   validation ``select`` metric of every seen platform, so the kept KB is the one that lost
+   least; with ``kd_guard`` (a KB that already knows platforms), when
    no KD epoch beats the KB it started from on that mean, the starting KB is kept (measured on
    the bundled x86-sse data: an AC trained on a 10% subset can rank worse than the KB, and
    distilling it then only costs the KB). Then the Fisher information of D_t is added to the
@@ -25,8 +28,9 @@ For each platform t of a family, in order (``learn_platform``):
 A teacher is frozen by construction: its scores on D_t are computed once before the phase and
 the phase never touches its weights. Batches never mix platforms (each phase trains on one).
 Settings: params.yaml ``continual:`` (:func:`settings`); each phase trains with ``train:``, then
-``pipeline.train`` (the main job's sizing for the bundled data), then ``continual.cl`` /
-``continual.kd``.
+``pipeline.train`` (the main job's sizing for the bundled data), then ``continual.select`` (the
+early-stopping metric), then ``continual.cl`` / ``continual.kd`` (``kd_first`` over it on a
+family's first platform).
 
 * :func:`run_schedule`: a family's KB from its platforms in order (source CL → source KD → … →
   target CL → target KD); one MLflow parent run, a nested run per phase.
@@ -63,6 +67,10 @@ DEFAULTS = {
     "ac_init": "distill",
     "ac_init_epochs": 5,
     "kd_guard": True,
+    # KD's task-loss weight α: L = L_distill(KB <- AC) + α·L_task(KB, D_t) + λ·EWC (0: the paper's KD)
+    "alpha_task": 0.0,
+    # the validation metric of every phase's early stopping and of the KD guard (tcl.training select)
+    "select": "top1",
     "cl": {},
     "kd": {"lr": 1e-4},
     # over kd for a fresh KB (a family's first platform): no earlier knowledge to protect, so no
@@ -92,6 +100,14 @@ def settings(params: dict) -> dict:
     if cfg["ac_init"] not in ("distill", "scratch"):
         raise ContinualError(f"continual.ac_init must be distill or scratch, not {cfg['ac_init']!r}")
     phi_at(0, 0.0, cfg["phi"])  # validates the constants
+    if not float(cfg["alpha_task"]) >= 0:
+        raise ContinualError(f"continual.alpha_task must be >= 0, not {cfg['alpha_task']!r}")
+    from tcl.training import selection_key
+
+    try:
+        selection_key({"select": cfg["select"]})
+    except ValueError as exc:
+        raise ContinualError(f"continual.select: {exc}") from None
     return cfg
 
 
@@ -99,7 +115,7 @@ def phase_params(params: dict, cfg: dict, phase: str) -> dict:
     from tcl.training import DEFAULT_TRAIN
 
     return {**DEFAULT_TRAIN, **(params.get("train") or {}),
-            **((params.get("pipeline") or {}).get("train") or {}), **(cfg[phase] or {})}
+            **((params.get("pipeline") or {}).get("train") or {}), "select": cfg["select"], **(cfg[phase] or {})}
 
 
 @dataclass
@@ -256,8 +272,10 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
 
 def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState | None, cfg: dict,
              train_params: dict, out_dir, track: bool = False) -> tuple[EWCState, dict]:
-    """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + λ·EWC; then add D_t's Fisher
-    information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs"})."""
+    """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·EWC
+    (α = ``continual.alpha_task``; 0 is the paper's KD, without labels); then add D_t's Fisher
+    information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs", "kept_start",
+    "start_valid", "end_valid"}) (the guard's metric, ``continual.select``)."""
     from tcl.training import train_model
 
     targets = teacher_targets(ac.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
@@ -267,24 +285,30 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
         extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
     valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
     start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
-    start_top1 = _mean_top1(kb, valid) if ewc is not None and cfg["kd_guard"] else None
+    metric = cfg["select"]
+    start_valid = _mean_metric(kb, valid, metric) if ewc is not None and cfg["kd_guard"] else None
+    alpha = float(cfg["alpha_task"])
+    task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
     log = PhaseLog(kb, seen, track=track)
-    train_model(kb, [data.train], valid, {**train_params, "loss": "none"}, out_dir, run=log,
+    train_model(kb, [data.train], valid, {**train_params, **task}, out_dir, run=log,
                 progress=False, extra_losses=extra)
-    kept = start_top1 is not None and not _mean_top1(kb, valid) > start_top1
+    end_valid = _mean_metric(kb, valid, metric)
+    kept = start_valid is not None and not end_valid > start_valid
     if kept:  # no KD epoch beat the KB it started from on the seen platforms: keep that one
         kb.net.load_state_dict(start)
     state = absorb(ewc, kb, estimate_fisher(kb, data.train, train_params), data.platform)
     state.attach(kb)
     kb.feature_meta = {**kb.feature_meta, "platforms": list(state.platforms)}
-    return state, {"epochs": log.rows, "kept_start": kept, "start_valid_top1": start_top1}
+    return state, {"epochs": log.rows, "kept_start": kept, "select": metric, "start_valid": start_valid,
+                   "end_valid": end_valid}
 
 
-def _mean_top1(model, sets) -> float | None:
-    """Mean validation top-1 over the sets (None without any)."""
+def _mean_metric(model, sets, metric: str) -> float | None:
+    """The mean of one metric (tcl.metrics.evaluate's top1, pairwise, ...) over the sets (None
+    without any)."""
     if not sets:
         return None
-    return float(np.mean([M.evaluate(model.predict_features(fs), fs)["top1"] for fs in sets]))
+    return float(np.mean([M.evaluate(model.predict_features(fs), fs)[metric] for fs in sets]))
 
 
 def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dict, cfg: dict,
