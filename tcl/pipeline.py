@@ -5,9 +5,9 @@ params.yaml, one FeatureSet per platform (``data/splits/<platform>/{train,valid,
 DVC cannot expand a list into a command line or into ``deps``, so each family stage of
 dvc.yaml is one call of this module with the family name::
 
-    python -m tcl.pipeline train    amd-zen4-avx512 --out models/amd-zen4-avx512 ...
-    python -m tcl.pipeline ckd      amd-zen4-avx512 --out models/amd-zen4-avx512 ...   # CKD KB
-    python -m tcl.pipeline evaluate amd-zen4-avx512 --model models/amd-zen4-avx512 ...
+    python -m tcl.pipeline ckd      amd-zen4-avx512 --out models/amd-zen4-avx512 ...   # the KB (CKD)
+    python -m tcl.pipeline train    amd-zen4-avx512 --out models-scratch/amd-zen4-avx512 ...  # comparison
+    python -m tcl.pipeline evaluate amd-zen4-avx512 --model models/amd-zen4-avx512 --scratch ...
     python -m tcl.pipeline register amd-zen4-avx512 --checkpoint ... --onnx ... --metrics ...
     python -m tcl.pipeline profile-args params-paper.yaml   # -S flags for `dvc exp run`
 
@@ -26,6 +26,7 @@ import click
 from .io import json_safe
 
 SPLITS_DIR = "data/splits"
+SUBSETS_DIR = "data/subsets"
 DEFAULT_EXPERIMENT = "tcl-pipeline"
 
 
@@ -78,13 +79,34 @@ def split_files(platforms: list[str], part: str, splits_dir: str | os.PathLike =
     return files
 
 
+def subset_file(platform: str, strategy: str, ratio, subsets_dir: str | os.PathLike = SUBSETS_DIR) -> str:
+    """Where the sample stage writes `platform`'s subset: ``<subsets_dir>/<platform>/<strategy>-<ratio>.npz``,
+    the ratio spelled as params.yaml gives it (str of the YAML value, as DVC renders ``${item.ratio}``)."""
+    return str(Path(subsets_dir) / platform / f"{strategy}-{ratio}.npz")
+
+
+def target_subset(params: dict) -> tuple[str, object] | None:
+    """(strategy, ratio) of the subsets a family's later platforms learn from in the main job:
+    ``sample.strategy`` and ``continual.target_ratio``, which must be one of ``sample.ratios``
+    (the ratios the sample stage makes). None when ``target_ratio`` is unset (whole splits)."""
+    ratio = (params.get("continual") or {}).get("target_ratio")
+    if ratio is None:
+        return None
+    sample = params.get("sample") or {}
+    ratios = sample.get("ratios") or []
+    if ratio not in ratios:
+        raise click.ClickException(f"continual.target_ratio {ratio} is not one of sample.ratios {ratios} in "
+                                   f"params.yaml: the sample stage makes no such subset")
+    return str(sample.get("strategy", "rdu")), ratio
+
+
 # ---------------------------------------------------------------------------------------------
 # plot files
 
 
 def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
     """Per-epoch rows for `dvc plots` from a training history: (epoch, train_loss, lr) and
-    (epoch, valid_top1, valid_top5). Two files because the LambdaRank loss (~1e-3) and top-k
+    (epoch, valid_top1, valid_top5, valid_pairwise). Two files because the LambdaRank loss (~1e-3) and top-k
     (~0.5) would share one y axis otherwise."""
     loss, valid = [], []
     for h in history:
@@ -93,19 +115,21 @@ def learning_curves(history: list[dict]) -> tuple[list[dict], list[dict]]:
         loss.append(json_safe({"epoch": int(h["epoch"]), "train_loss": h["train_loss"], "lr": h.get("lr")}))
         if "valid_top1" in h:
             valid.append(json_safe({"epoch": int(h["epoch"]), "valid_top1": h["valid_top1"],
-                                  "valid_top5": h.get("valid_top5")}))
+                                  "valid_top5": h.get("valid_top5"), "valid_pairwise": h.get("valid_pairwise")}))
     return loss, valid
 
 
-def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
+def topk_rows(per_platform: dict[str, dict], model: str = "kb", label_prefix: str = "") -> list[dict]:
     """One row per (platform, held-out network, k) for a horizontal bar chart, plus the wide
-    values: platform, network, top1, top5, metric (``top1``/``top5``), score, label."""
+    values: model, platform, network, top1, top5, metric (``top1``/``top5``), score, label
+    (``<label_prefix><platform>/<network> <k>``: a prefix tells a comparison's bars apart). Every
+    row has every key (`dvc plots` fails on rows that differ)."""
     rows = []
     for platform, res in per_platform.items():
         for net, m in (res.get("per_network") or {}).items():
             for k in ("top1", "top5"):
-                rows.append(json_safe({"label": f"{platform}/{net} {k}", "platform": platform,
-                                     "network": net, "metric": k, "score": m.get(k),
+                rows.append(json_safe({"label": f"{label_prefix}{platform}/{net} {k}", "model": model,
+                                     "platform": platform, "network": net, "metric": k, "score": m.get(k),
                                      "top1": m.get("top1"), "top5": m.get("top5")}))
     return rows
 
@@ -117,10 +141,12 @@ def topk_rows(per_platform: dict[str, dict]) -> list[dict]:
 def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
                  params_path: str = "params.yaml", splits_dir: str = SPLITS_DIR,
                  preset: str | None = None, experiment: str | None = None,
-                 train_overrides: dict | None = None) -> dict:
-    """Train the family's KB (Mamba, ``pipeline.preset``) on its platforms' train splits with the
-    valid splits for early stopping. Training settings: ``train:``, then ``pipeline.train``, then
-    `train_overrides` (what the DVC stage passes on its command line). One MLflow run."""
+                 train_overrides: dict | None = None, run_name: str | None = None) -> dict:
+    """Train a KB-sized model (Mamba, ``pipeline.preset``) from scratch on the family's platforms'
+    whole train splits with the valid splits for early stopping (the main job's comparison for the
+    CKD KB). Training settings: ``train:``, then ``pipeline.train``, then `train_overrides` (what
+    the DVC stage passes on its command line). One MLflow run (`run_name`, default
+    ``<preset>-<family>``)."""
     from tcl.experiments import JobError, run_train
     from tcl.io import atomic_write_json
 
@@ -137,7 +163,7 @@ def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
             params, out, preset=preset,
             train_overrides={**(pipe.get("train") or {}), **(train_overrides or {})},
             experiment=experiment or str(pipe.get("experiment", DEFAULT_EXPERIMENT)),
-            run_name=f"{preset}-{family}", progress=False)
+            run_name=run_name or f"{preset}-{family}", progress=False)
     except JobError as exc:
         raise click.ClickException(str(exc)) from None
     loss, valid = learning_curves(json.loads((Path(out) / "history.json").read_text()))
@@ -147,21 +173,41 @@ def train_family(family: str, out: str, loss_plot: str, valid_plot: str,
 
 
 def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_path: str = "params.yaml",
-               splits_dir: str = SPLITS_DIR, train_overrides: dict | None = None) -> dict:
+               splits_dir: str = SPLITS_DIR, train_overrides: dict | None = None,
+               subsets_dir: str = SUBSETS_DIR) -> dict:
     """The family's KB through continual knowledge distillation over its platforms, in the order
     of ``families:`` (tcl.continual.schedule.run_schedule: per platform AC start, CL, KD; one
-    MLflow parent run, a nested run per phase). `train_overrides` (the stage's command line) go
-    over ``pipeline.train``. The plots are the KD phases' epochs, one after another."""
+    MLflow parent run, a nested run per phase). The first platform is learned from its whole
+    training split; each later one, when ``continual.target_ratio`` is set, from its sampled
+    subset (:func:`subset_file`, the sample stage's out; logged as an artifact of the parent run),
+    as a new platform joins a family with ~10% of its programs measured. Validation and test
+    splits are whole. `train_overrides` (the stage's command line) go over ``pipeline.train``.
+    The plots are the KD phases' epochs, one after another."""
     from tcl.continual.schedule import ContinualError, load_platform, run_schedule
+    from tcl.features import FeatureFileError, load_feature_set
     from tcl.io import atomic_write_json
 
     params = load_params(params_path)
     platforms = family_platforms(family, params)
     split_files(platforms, "train", splits_dir)  # a clear error when a split is missing
+    target = target_subset(params)
+    data = [load_platform(p, splits_dir) for p in platforms]
+    for d in data[1:] if target else []:
+        path = subset_file(d.platform, *target, subsets_dir)
+        if not Path(path).is_file():
+            raise click.ClickException(f"missing subset {path} (run the sample stage: "
+                                       f"`dvc repro sample`, or `tcl sample`)")
+        try:
+            subset = load_feature_set(path)
+        except FeatureFileError as exc:
+            raise click.ClickException(str(exc)) from None
+        if subset.platform != d.platform:
+            raise click.ClickException(f"{path} holds programs of platform {subset.platform!r}, not {d.platform!r}")
+        d.train, d.train_file = subset, path
     pipe = dict(params.get("pipeline") or {})
     params = {**params, "pipeline": {**pipe, "train": {**(pipe.get("train") or {}), **(train_overrides or {})}}}
     try:
-        summary = run_schedule(family, [load_platform(p, splits_dir) for p in platforms], params, out)
+        summary = run_schedule(family, data, params, out)
     except ContinualError as exc:
         raise click.ClickException(str(exc)) from None
     rows = [r for report in summary["per_platform"] for r in report["kd"]["epochs"]]
@@ -171,21 +217,23 @@ def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_pa
     return summary
 
 
-def evaluate_family(family: str, model: str, out: str, plot: str, params_path: str = "params.yaml",
-                    splits_dir: str = SPLITS_DIR) -> dict:
-    """Held-out metrics of the family's model on each platform's test split.
+def continual_summary(model: str | os.PathLike) -> dict | None:
+    """The ``continual.json`` a CKD schedule wrote beside the checkpoint (`model`: the file or its
+    directory), None for a model trained otherwise."""
+    from tcl.continual.schedule import SUMMARY_FILE
 
-    Top level: ``top1``, ``top5``, ``pairwise``, ``spearman`` (means over the platforms);
-    ``per_platform.<platform>`` has the same plus ``per_network.<network>.{top1,top5}``.
-    """
+    p = Path(model)
+    path = (p if p.is_dir() else p.parent) / SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def held_out_results(model: str, platforms: list[str], files: list[str]) -> dict:
+    """A model on each platform's test split: the means over the platforms (tcl.metrics.MEAN_KEYS),
+    ``n_programs``, ``kind`` and ``per_platform.<platform>`` (tcl.metrics.evaluate)."""
     from tcl import metrics as M
     from tcl.features import FeatureSet
-    from tcl.io import atomic_write_json
     from tcl.models import load_model
 
-    params = load_params(params_path)
-    platforms = family_platforms(family, params)
-    files = split_files(platforms, "test", splits_dir)
     net = load_model(model)
     per_platform = {}
     for platform, path in zip(platforms, files):
@@ -193,13 +241,40 @@ def evaluate_family(family: str, model: str, out: str, plot: str, params_path: s
         if len(fs) == 0:
             raise click.ClickException(f"{path} is empty: no held-out programs to evaluate on")
         per_platform[platform] = M.evaluate(net.predict_features(fs), fs)
-    result = {"family": family, "platforms": platforms, "kind": net.kind,
-              **M.mean_metrics(list(per_platform.values())),
-              "n_programs": sum(r["n_programs"] for r in per_platform.values()),
-              "per_platform": per_platform}
+    return {"kind": net.kind, **M.mean_metrics(list(per_platform.values())),
+            "n_programs": sum(r["n_programs"] for r in per_platform.values()), "per_platform": per_platform}
+
+
+def evaluate_family(family: str, model: str, out: str, plot: str, params_path: str = "params.yaml",
+                    splits_dir: str = SPLITS_DIR, scratch: str | None = None) -> dict:
+    """Held-out metrics of the family's model on each platform's test split.
+
+    Top level: ``top1``, ``top5``, ``pairwise``, ``spearman`` (means over the platforms);
+    ``per_platform.<platform>`` has the same plus ``per_network.<network>.{top1,top5}``. For a
+    CKD model, ``model: ckd`` and ``train_data`` (per platform: the file it learned from, its
+    programs, and for a subset how they were chosen). With `scratch` (the from-scratch model on
+    100% of the data), ``scratch`` holds its metrics in the same layout and ``ckd_minus_scratch``
+    the differences of the means, and the plot gets its rows beside the model's.
+    """
+    from tcl.io import atomic_write_json
+
+    params = load_params(params_path)
+    platforms = family_platforms(family, params)
+    files = split_files(platforms, "test", splits_dir)
+    summary = continual_summary(model)
+    result = {"family": family, "platforms": platforms, **held_out_results(model, platforms, files)}
+    rows = topk_rows(result["per_platform"])
+    if summary is not None:
+        result["model"] = "ckd"
+        result["train_data"] = summary.get("train_data")
+    if scratch is not None:
+        other = held_out_results(scratch, platforms, files)
+        result["scratch"] = other
+        result["ckd_minus_scratch"] = {k: result[k] - other[k] for k in ("top1", "top5", "task_top1", "task_top5")}
+        rows += topk_rows(other["per_platform"], model="scratch", label_prefix="scratch: ")
     result = json_safe(result)
     atomic_write_json(out, result)
-    atomic_write_json(plot, topk_rows(result["per_platform"]))
+    atomic_write_json(plot, rows)
     return result
 
 
@@ -216,11 +291,23 @@ def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: 
     metrics = json.loads(Path(metrics_path).read_text())
     run_file = Path(checkpoint).resolve().parent / "mlflow_run.json"
     run_id = json.loads(run_file.read_text()).get("run_id") if run_file.is_file() else None
-    data_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "train", splits_dir))
+    trained = (continual_summary(checkpoint) or {}).get("train_data")
+    tags = None
+    if trained:  # a CKD KB: the files it learned from, the last platform the target
+        missing = [p for p in platforms if p not in trained]
+        if missing:
+            raise click.ClickException(f"{checkpoint}: the KB did not learn {', '.join(missing)} "
+                                       f"(continual.json); rerun the ckd stage")
+        data_hash = ",".join(str(trained[p]["hash"]) for p in platforms)
+        subsets = [trained[p] for p in platforms if "sample" in trained[p]]
+        tags = {"schedule": "ckd", "sources": ",".join(platforms[:-1]) or "none", "target": platforms[-1],
+                "subset_hash": ",".join(str(t["hash"]) for t in subsets) or "none"}
+    else:
+        data_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "train", splits_dir))
     eval_hash = ",".join(tracking.data_hash(p) for p in split_files(platforms, "test", splits_dir))
     version = registry.register_kb(checkpoint, family, platforms, run_id, metrics, eval_hash,
                                    data_hash, onnx_path=onnx_path,
-                                   alias=alias or (params.get("registry") or {}).get("alias_new"))
+                                   alias=alias or (params.get("registry") or {}).get("alias_new"), tags=tags)
     info = registry.show(family, version)
     atomic_write_text(out, registry.dumps(info) + "\n")
     return info
@@ -286,17 +373,18 @@ def parse_train_args(args: list[str]) -> dict:
               help="per-epoch validation top-1/top-5 JSON")
 @click.option("--preset", default=None, help="models.mamba.<preset> (default: pipeline.preset)")
 @click.option("--experiment", default=None, help="MLflow experiment (default: pipeline.experiment)")
+@click.option("--run-name", default=None, help="MLflow run name (default: <preset>-<family>)")
 @_params_opt
 @_splits_opt
 @click.pass_context
-def train_cmd(ctx, family, out, loss_plot, valid_plot, preset, experiment, params_path, splits_dir):
-    """Train FAMILY's KB model on its platforms (an MLflow run).
+def train_cmd(ctx, family, out, loss_plot, valid_plot, preset, experiment, run_name, params_path, splits_dir):
+    """Train a model from scratch on FAMILY's platforms' whole train splits (an MLflow run).
 
     Extra ``--KEY VALUE`` arguments set ``train:`` values (e.g. ``--epochs 5``), over
     ``pipeline.train`` of the params file.
     """
     s = train_family(family, out, loss_plot, valid_plot, params_path, splits_dir, preset=preset,
-                     experiment=experiment, train_overrides=parse_train_args(ctx.args))
+                     experiment=experiment, train_overrides=parse_train_args(ctx.args), run_name=run_name)
     keys = [k for k in sorted(s) if k.startswith(("best_valid_", "test_")) or k in ("best_epoch", "epochs_run")]
     click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
                "  ".join(f"{k}={s[k]:.4g}" if isinstance(s[k], float) else f"{k}={s[k]}" for k in keys))
@@ -309,16 +397,19 @@ def train_cmd(ctx, family, out, loss_plot, valid_plot, preset, experiment, param
               help="per-epoch KD train loss JSON")
 @click.option("--valid-plot", required=True, type=click.Path(dir_okay=False),
               help="per-epoch KD validation top-1/top-5 JSON")
+@click.option("--subsets", "subsets_dir", default=SUBSETS_DIR, show_default=True,
+              help="directory holding <platform>/<strategy>-<ratio>.npz (the sample stage's subsets)")
 @_params_opt
 @_splits_opt
 @click.pass_context
-def ckd_cmd(ctx, family, out, loss_plot, valid_plot, params_path, splits_dir):
-    """FAMILY's KB through the CL/KD schedule over its platforms (continual: in params.yaml).
+def ckd_cmd(ctx, family, out, loss_plot, valid_plot, subsets_dir, params_path, splits_dir):
+    """FAMILY's KB through the CL/KD schedule over its platforms (continual: in params.yaml): the
+    first from its whole train split, the later ones from their continual.target_ratio subsets.
 
     Extra ``--KEY VALUE`` arguments set ``train:`` values over ``pipeline.train``.
     """
     s = ckd_family(family, out, loss_plot, valid_plot, params_path, splits_dir,
-                   train_overrides=parse_train_args(ctx.args))
+                   train_overrides=parse_train_args(ctx.args), subsets_dir=subsets_dir)
     click.echo(f"{family}: run {s['run_id']} -> {s['checkpoint']}  " +
                "  ".join(f"{p}_top1={m['top1']:.4g}" for p, m in s["kb_held_out"].items()))
 
@@ -328,13 +419,17 @@ def ckd_cmd(ctx, family, out, loss_plot, valid_plot, params_path, splits_dir):
 @click.option("--model", required=True, type=click.Path(exists=True), help="checkpoint or training dir")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="metrics JSON")
 @click.option("--plot", required=True, type=click.Path(dir_okay=False), help="top-k per network JSON")
+@click.option("--scratch", type=click.Path(exists=True), default=None,
+              help="a from-scratch model to report beside it (metrics under `scratch`)")
 @_params_opt
 @_splits_opt
-def evaluate_cmd(family, model, out, plot, params_path, splits_dir):
+def evaluate_cmd(family, model, out, plot, scratch, params_path, splits_dir):
     """Evaluate FAMILY's model on its platforms' held-out test splits."""
-    r = evaluate_family(family, model, out, plot, params_path, splits_dir)
+    r = evaluate_family(family, model, out, plot, params_path, splits_dir, scratch=scratch)
     click.echo(f"{family}: top1={r['top1']} top5={r['top5']} pairwise={r['pairwise']} "
                f"spearman={r['spearman']} ({r['n_programs']} programs) -> {out}")
+    if scratch is not None:
+        click.echo(f"{family} from scratch: top1={r['scratch']['top1']} top5={r['scratch']['top5']}")
 
 
 @main.command("register")

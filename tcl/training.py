@@ -51,7 +51,11 @@ DEFAULT_TRAIN = {
     "step_epochs": 5,
     "batch_size": 1024,
     "epochs": 30,
-    "patience": 6,           # epochs without a better validation top-1 before stopping
+    "patience": 6,           # epochs without a better validation `select` before stopping
+    # the validation metric that picks the kept epoch and stops early: top1 | top5 | pairwise |
+    # spearman (the mean over the validation sets; tcl.metrics.evaluate)
+    "select": "top1",
+    "task_weight": 1.0,      # the task loss's weight beside the extra loss terms
     "weight_decay": 0.0,
     "grad_clip": 0.0,        # 0 = off
     "threads": 2,
@@ -150,6 +154,14 @@ def validate(model, sets: Sequence, batch_size: int = 4096) -> dict:
         for fs, r in zip(sets, results):
             out.update({f"valid_{fs.platform}_{k}": r[k] for k in ("top1", "top5")})
     return out
+
+
+def selection_key(train_params: dict) -> str:
+    """The history key early stopping maximises: ``valid_<select>`` (train params' `select`)."""
+    select = str({**DEFAULT_TRAIN, **(train_params or {})}["select"])
+    if select not in M.MEAN_KEYS:
+        raise ValueError(f"train select {select!r} is not a validation metric ({' | '.join(M.MEAN_KEYS)})")
+    return f"valid_{select}"
 
 
 def check_finite_features(model, sets: Sequence, chunk: int = 8192) -> None:
@@ -284,7 +296,8 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
     tune_malloc()
     check_finite_features(model, train_sets + valid_sets)
     seed, bs = int(p["seed"]), int(p["batch_size"])
-    loss_fn = get_loss(p["loss"])
+    loss_fn, task_weight = get_loss(p["loss"]), float(p["task_weight"])
+    select = selection_key(p)
     extra_losses = dict(extra_losses or {})
     fingerprint = job_fingerprint(model, train_sets, p, trainable, extra_losses)
     model.feature_meta = {**model.feature_meta, **feature_meta(train_sets)}
@@ -343,7 +356,7 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps_per_epoch, p)
             scores = net(batch.x, batch.mask)
-            terms = {"task": loss_fn(scores, batch.y, batch.task)}
+            terms = {"task": task_weight * loss_fn(scores, batch.y, batch.task)}
             terms.update({name: fn(batch, scores, model) for name, fn in extra_losses.items()})
             loss = sum(terms.values())
             opt.zero_grad(set_to_none=True)
@@ -373,7 +386,7 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
             record.update({f"loss_{name}": v / n_seen for name, v in sums.items()})
         if valid_sets:
             record.update(validate(model, valid_sets, int(p["eval_batch_size"])))
-            score = record["valid_top1"]
+            score = record[select]
             score = score if math.isfinite(score) else -math.inf
         else:
             score = -record["train_loss"]  # no validation data: keep the last/lowest-loss weights

@@ -112,10 +112,15 @@ STAGE_CODE = {
     "ingest": ["tcl.cli.data", "tcl.records.ingest", "tcl.hardware"],
     "featurize": ["tcl.cli.data", "tcl.features", "tcl.perstore_extract"],
     "split": ["tcl.cli.data", "tcl.split", "tcl.features", "tcl.perstore"],
-    "train": ["tcl.pipeline", "tcl.experiments", "tcl.hardware", "tcl.config", "tcl.io"],
-    "evaluate": ["tcl.pipeline", "tcl.models", "tcl.metrics", "tcl.features", "tcl.hardware", "tcl.config", "tcl.io"],
+    "sample": ["tcl.cli.sampling", "tcl.cli.models", "tcl.sampling", "tcl.sampling.subset", "tcl.features",
+               "tcl.config"],
+    "ckd": ["tcl.pipeline", "tcl.continual.schedule", "tcl.features", "tcl.hardware", "tcl.config", "tcl.io"],
+    "scratch": ["tcl.pipeline", "tcl.experiments", "tcl.hardware", "tcl.config", "tcl.io"],
+    "evaluate": ["tcl.pipeline", "tcl.continual.schedule", "tcl.models", "tcl.metrics", "tcl.features",
+                 "tcl.hardware", "tcl.config", "tcl.io"],
     "export": ["tcl.cli.lifecycle", "tcl.export", "tcl.registry"],
-    "register": ["tcl.pipeline", "tcl.registry", "tcl.export", "tcl.tracking", "tcl.hardware", "tcl.config", "tcl.io"],
+    "register": ["tcl.pipeline", "tcl.continual.schedule", "tcl.registry", "tcl.export", "tcl.tracking",
+                 "tcl.hardware", "tcl.config", "tcl.io"],
 }
 DISPATCHERS = ("tcl.cli", "tcl.pipeline")
 
@@ -144,7 +149,8 @@ def test_every_dvc_stage_declares_the_code_it_runs_and_the_hardware_registry():
     assert set(stages) == set(STAGE_CODE)
     graph = import_graph()
     for name, stage in stages.items():
-        deps = [d for d in stage["do"]["deps"] if d.startswith("tcl/")]
+        body = stage.get("do", stage)  # foreach: the stage under `do`; matrix / single: the stage itself
+        deps = [d for d in body["deps"] if d.startswith("tcl/")]
         assert "tcl/data/hardware.json" in deps, name
         for d in deps:
             assert (REPO / d).exists(), f"{name}: dep {d} does not exist"

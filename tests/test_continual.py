@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,8 +78,9 @@ def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one
     assert state.platforms == ["p0", "p1"]
 
 
-def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb):
-    cfg, data = settings(PARAMS), _platform("p1", 1)
+@pytest.mark.parametrize("select", ["top1", "pairwise"])
+def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb, select):
+    cfg, data = {**settings(PARAMS), "select": select}, _platform("p1", 1)
     kb = load_model_copy(taught_kb, tmp_path)
     # validation programs whose measured order is the KB's own: it starts at top-1 = 1, unbeatable
     valid = data.valid
@@ -87,10 +89,59 @@ def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, o
     backwards = _negated(load_model_copy(taught_kb, tmp_path))  # an AC that ranks every task backwards
     earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
     kb_before = _state(kb)
-    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, TRAIN, tmp_path / "kd")
+    state, res = kd_phase(kb, backwards, data, [data], earlier, cfg, {**TRAIN, "select": select}, tmp_path / "kd")
     assert res["kept_start"] and _same(_state(kb), kb_before)
-    assert res["start_valid_top1"] == 1.0 and all(r["valid_top1"] < 1.0 for r in res["epochs"])
+    # the KB's own order: every metric at its maximum, which no KD epoch reaches
+    assert res["select"] == select and res["start_valid"] == 1.0
+    assert all(r[f"valid_{select}"] < 1.0 for r in res["epochs"])
     assert state.platforms == ["p0", "p1"]  # the platform is still finished (its Fisher added)
+
+
+def test_kd_task_term_adds_alpha_times_the_kb_label_loss(tmp_path, one_torch_thread, taught_kb):
+    """α·L_task(KB, D_t) beside L_distill: at lr 0 the KB stays put, so the epoch's reported
+    loss_task is α times the mean LambdaRank of the KB's scores against the labels over the same
+    batches, computed here with the loss function directly (float64 sums of the batch losses)."""
+    from tcl.losses import lambdarank_loss
+    from tcl.training import epoch_batches, epoch_seed
+
+    data, alpha = _platform("p1", 1), 0.7
+    params = {**TRAIN, "lr": 0.0, "epochs": 1}
+    cfg = {**settings(PARAMS), "alpha_task": alpha}
+    kb = load_model_copy(taught_kb, tmp_path)
+    _, res = kd_phase(kb, _model("ac", seed=1), data, [data], None, cfg, params, tmp_path / "kd")
+    scores = torch.from_numpy(kb.predict_features(data.train).astype(np.float32))
+    fs = data.train
+    batches = epoch_batches([fs], params["batch_size"], np.random.default_rng(epoch_seed(0, 0)), by_task=True)
+    total = sum(float(lambdarank_loss(scores[np.sort(i)], torch.from_numpy(fs.y[np.sort(i)]),
+                                      torch.from_numpy(fs.task[np.sort(i)].astype(np.int64)))) * len(i)
+                for _, i in batches)
+    row = res["epochs"][0]
+    assert row["loss_task"] == pytest.approx(alpha * total / len(fs), rel=1e-4)
+    assert row["loss_distill"] > 0
+
+
+def test_a_phase_keeps_the_epoch_best_on_continual_select(tmp_path, one_torch_thread, taught_kb):
+    """continual.select reaches each phase's early stopping: the AC kept after CL is the epoch with
+    the highest mean validation pairwise accuracy (recomputed here), not the best top-1."""
+    from tcl import metrics as M
+    from tcl.continual.schedule import phase_params
+
+    cfg, data = {**settings(PARAMS), "select": "pairwise"}, _platform("p1", 1)
+    params = {**phase_params(PARAMS, cfg, "cl"), "epochs": 4, "patience": 10}
+    assert params["select"] == "pairwise"
+    ac = _model("ac")
+    res = cl_phase(ac, taught_kb, data, [data], cfg, params, tmp_path)
+    history = [r["valid_pairwise"] for r in res["epochs"]]
+    assert M.evaluate(ac.predict_features(data.valid), data.valid)["pairwise"] == pytest.approx(max(history))
+
+
+def test_bad_selection_metric_and_negative_alpha_are_refused():
+    from tcl.continual.schedule import ContinualError
+
+    with pytest.raises(ContinualError, match="select"):
+        settings({**PARAMS, "continual": {"select": "accuracy"}})
+    with pytest.raises(ContinualError, match="alpha_task"):
+        settings({**PARAMS, "continual": {"alpha_task": -1}})
 
 
 def _negated(model):
@@ -284,6 +335,99 @@ def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, 
     loss = json.loads((tmp_path / "loss.json").read_text())
     assert [r["epoch"] for r in loss] == [0, 1]  # one KD epoch per platform (--epochs 1 over pipeline.train)
     assert json.loads((tmp_path / "kb" / "mlflow_run.json").read_text())["run_id"] in res.output
+
+
+def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tmp_path, store, one_torch_thread):
+    """The main job's ckd stage: the first platform from its whole training split, the later one
+    from the sample stage's subset (continual.target_ratio), logged as an artifact of the parent
+    run; evaluate puts the from-scratch model beside it; a missing subset is a clear error."""
+    import mlflow
+
+    from tcl.features import FeatureSet
+    from tcl.pipeline import main as pipeline
+    from tcl.sampling.subset import sample_features
+
+    names = ["x86-sse-t1", "x86-sse-t2"]
+    for i, name in enumerate(names):
+        d = tmp_path / "splits" / name
+        d.mkdir(parents=True)
+        data = _platform(name, i + 1)
+        data.train.save(d / "train.npz")
+        data.valid.save(d / "valid.npz")
+        data.valid.save(d / "test.npz")
+    full = FeatureSet.load(tmp_path / "splits" / "x86-sse-t2" / "train.npz")
+    subset, _ = sample_features(full, 0.25, "random", {}, seed=3)
+    subset_path = tmp_path / "subsets" / "x86-sse-t2" / "random-0.25.npz"
+    subset_path.parent.mkdir(parents=True)
+    subset.save(subset_path)
+    continual = {**PARAMS["continual"], "kd": {"lr": 0.003}, "kd_first": {"lr": 0.02}, "target_ratio": 0.25}
+    params = {**PARAMS, "continual": continual, "families": {"x86-sse": names},
+              "sample": {"strategy": "random", "ratios": [0.1, 0.25]}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    common = ["--params", str(tmp_path / "params.yaml"), "--splits", str(tmp_path / "splits")]
+    args = ["ckd", "x86-sse", "--out", str(tmp_path / "kb"), "--loss-plot", str(tmp_path / "loss.json"),
+            "--valid-plot", str(tmp_path / "valid.json"), "--subsets", str(tmp_path / "subsets"), *common,
+            "--epochs", "1"]
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code == 0, res.output
+
+    summary = json.loads((tmp_path / "kb" / "continual.json").read_text())
+    md5 = lambda p: hashlib.md5(p.read_bytes(), usedforsecurity=False).hexdigest()  # noqa: E731
+    t1, t2 = summary["train_data"]["x86-sse-t1"], summary["train_data"]["x86-sse-t2"]
+    assert t1["file"] == str(tmp_path / "splits" / "x86-sse-t1" / "train.npz") and "sample" not in t1
+    assert t1["programs"] == len(FeatureSet.load(t1["file"]))
+    assert t2["file"] == str(subset_path) and t2["hash"] == md5(subset_path)
+    assert t2["programs"] == len(subset) == round(0.25 * len(full))
+    assert t2["sample"]["strategy"] == "random" and t2["sample"]["seed"] == 3
+    # the KD phase of the later platform trained on the subset's programs, not the whole split
+    client = mlflow.MlflowClient()
+    kd_run = client.get_run(summary["per_platform"][1]["runs"]["kd"])
+    assert kd_run.data.params["data"] == str(subset_path)
+    # KD of the fresh KB (first platform) at kd_first's rate, of the taught KB at kd's
+    first_kd = client.get_run(summary["per_platform"][0]["runs"]["kd"])
+    assert (first_kd.data.params["train.lr"], kd_run.data.params["train.lr"]) == ("0.02", "0.003")
+    # the subset is an artifact of the parent run (the KB's run), byte for byte
+    run_id = summary["run_id"]
+    assert client.get_run(run_id).data.params["data.x86-sse-t2"] == str(subset_path)
+    got = Path(client.download_artifacts(run_id, "subsets/x86-sse-t2/random-0.25.npz", str(tmp_path / "dl")))
+    assert md5(got) == md5(subset_path)
+    assert [a.path for a in client.list_artifacts(run_id, "subsets")] == ["subsets/x86-sse-t2"]
+
+    # evaluate: the KB's fields as before, the from-scratch model beside it
+    scratch = ["train", "x86-sse", "--out", str(tmp_path / "scratch"), "--loss-plot", str(tmp_path / "sl.json"),
+               "--valid-plot", str(tmp_path / "sv.json"), "--run-name", "scratch-x86-sse", *common, "--epochs", "1"]
+    assert CliRunner().invoke(pipeline, scratch).exit_code == 0
+    ev = ["evaluate", "x86-sse", "--model", str(tmp_path / "kb"), "--scratch", str(tmp_path / "scratch"),
+          "--out", str(tmp_path / "m.json"), "--plot", str(tmp_path / "topk.json"), *common]
+    res = CliRunner().invoke(pipeline, ev)
+    assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "m.json").read_text())
+    test_fs = FeatureSet.load(tmp_path / "splits" / "x86-sse-t1" / "test.npz")
+    from tcl import metrics as M
+
+    for key, model_dir in (("kb", "kb"), ("scratch", "scratch")):  # an independent evaluation of each
+        ref = M.evaluate(load_model(tmp_path / model_dir).predict_features(test_fs), test_fs)["top1"]
+        got_top1 = (m if key == "kb" else m["scratch"])["per_platform"]["x86-sse-t1"]["top1"]
+        assert got_top1 == pytest.approx(ref)
+    assert m["model"] == "ckd" and m["train_data"] == summary["train_data"]
+    assert m["ckd_minus_scratch"]["top1"] == pytest.approx(m["top1"] - m["scratch"]["top1"])
+    rows = json.loads((tmp_path / "topk.json").read_text())
+    assert {r["model"] for r in rows} == {"kb", "scratch"} and len({frozenset(r) for r in rows}) == 1
+    scratch_rows = [r for r in rows if r["model"] == "scratch"]
+    assert len(scratch_rows) == len(rows) / 2 and all(r["label"].startswith("scratch: ") for r in scratch_rows)
+
+    # the ratio must be one the sample stage makes, and the subset must exist
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.5}}))
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "target_ratio 0.5 is not one of sample.ratios" in res.output
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.1}}))
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "missing subset" in res.output and "random-0.1.npz" in res.output
+    # a subset of another platform under the target's name
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    FeatureSet.load(tmp_path / "splits" / "x86-sse-t1" / "train.npz").save(subset_path)
+    res = CliRunner().invoke(pipeline, args)
+    assert res.exit_code != 0 and "holds programs of platform 'x86-sse-t1', not 'x86-sse-t2'" in res.output
 
 
 def test_teacher_targets_keep_the_teachers_order_within_each_task_in_0_1():

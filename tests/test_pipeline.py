@@ -2,9 +2,9 @@
 
 A temporary git + DVC project gets the real dvc.yaml, params.yaml (with a smaller platform set,
 tiny epochs) and a slice of data/raw (a few tasks per platform, a few programs per task). The
-pipeline runs ingest -> featurize -> split -> train -> evaluate -> export -> register through
-DVC's Python API against a temporary MLflow SQLite store; then a second `dvc repro` must run
-nothing and create no MLflow run and no model version.
+pipeline runs ingest -> featurize -> split -> sample -> ckd + scratch -> evaluate -> export ->
+register through DVC's Python API against a temporary MLflow SQLite store; then a second
+`dvc repro` must run nothing and create no MLflow run and no model version.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from tests.conftest import REPO
 FAMILIES = {"amd-zen4-avx512": ["znver4-avx512-t2", "znver4-avx512-t1"], "x86-sse": ["x86-sse-t1"]}
 PROGRAMS_PER_TASK = 24
 TEST_NETWORKS = ("resnet50", "bert_base")
+RATIOS = [0.25, 0.5]  # sample.ratios of the slice: 3 training tasks x 24 programs -> 18 / 36 programs
+TARGET_RATIO = 0.5    # continual.target_ratio: what the later platform of amd-zen4-avx512 learns from
 
 
 def _pick_tasks(raw: Path) -> set[str]:
@@ -106,6 +108,11 @@ def project(tmp_path_factory):
     params["families"] = FAMILIES
     params["split"]["valid_fraction"] = 0.25  # 4 non-test tasks -> 1 validation task
     params["pipeline"]["train"] = {"epochs": 2, "batch_size": 32, "patience": 2, "threads": 1}
+    params["sample"].update(ratios=RATIOS, rounds=2)
+    params["sample"]["retrain"]["train"]["epochs"] = 2
+    params["continual"].update(target_ratio=TARGET_RATIO, ac_init_epochs=1, cl={"epochs": 2},
+                               kd={**params["continual"]["kd"], "epochs": 2},
+                               kd_first={**params["continual"]["kd_first"], "epochs": 2})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / ".gitignore").write_text("/mlflow/\n/plots-html/\n")
 
@@ -155,12 +162,36 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     with Repo(str(root)) as repo:
         ran = repo.reproduce()
     names = {s.addressing for s in ran}
+    all_platforms = [p for ps in FAMILIES.values() for p in ps]
+    assert {f"sample@{p}-{r}" for p in all_platforms for r in RATIOS} <= names
     for fam in FAMILIES:
-        for stage in ("train", "evaluate", "export", "register"):
+        for stage in ("ckd", "scratch", "evaluate", "export", "register"):
             assert f"{stage}@{fam}" in names
 
+    import mlflow
+
+    from tcl import tracking
+    from tcl.features import FeatureSet
+
+    tracking.ensure_store()  # MLflow at this project's store: an earlier test in the process may have set another
+    client = mlflow.MlflowClient()
+    split, subsets = root / "data" / "splits", root / "data" / "subsets"
+    # sample: one subset per platform and ratio, recording how it was chosen
+    for p in all_platforms:
+        pool = len(FeatureSet.load(split / p / "train.npz"))
+        for r in RATIOS:
+            sub = FeatureSet.load(subsets / p / f"rdu-{r}.npz")
+            how = sub.meta["sample"]
+            assert len(sub) == how["selected"] == round(r * pool) and how["pool"] == pool
+            assert (how["strategy"], how["seed"], how["rounds"]) == ("rdu", 0, 2)
+            assert len(how["rounds_detail"]) == 2 and all("scores" in d for d in how["rounds_detail"])
+            assert set(sub.program_id) <= set(FeatureSet.load(split / p / "train.npz").program_id)
+
     for fam, platforms in FAMILIES.items():
-        # registry: one version, alias candidate, tags per docs/lifecycle.md
+        # what the KB learned from: the first platform's whole split, the later ones' subsets
+        learned = [split / platforms[0] / "train.npz"] + [subsets / p / f"rdu-{TARGET_RATIO}.npz"
+                                                          for p in platforms[1:]]
+        # registry: one version, alias candidate, tags per docs/lifecycle.md and the CKD tags
         rows = registry.list_models(fam)
         assert [r["version"] for r in rows] == [1]
         v = rows[0]
@@ -169,46 +200,72 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
         assert set(registry.VERSION_TAGS) <= set(tags)
         assert tags["family"] == fam and tags["platforms"] == ",".join(platforms)
         assert tags["kind"] == "mamba" and tags["feature_version"]
-        split = root / "data" / "splits"
-        assert tags["data_hash"] == ",".join(_md5(split / p / "train.npz") for p in platforms)
+        assert tags["data_hash"] == ",".join(_md5(f) for f in learned)
         assert tags["eval_data_hash"] == ",".join(_md5(split / p / "test.npz") for p in platforms)
+        assert tags["schedule"] == "ckd" and tags["target"] == platforms[-1]
+        assert tags["sources"] == (",".join(platforms[:-1]) or "none")
+        assert tags["subset_hash"] == (",".join(_md5(f) for f in learned[1:]) or "none")
         assert tags["checkpoint_sha256"] == registry.file_sha256(root / "models" / fam / "model.pt")
         assert tags["onnx_sha256"] == registry.file_sha256(root / "models" / f"{fam}.onnx")
         run_id = json.loads((root / "models" / fam / "mlflow_run.json").read_text())["run_id"]
         assert tags["run_id"] == run_id
 
-        # metrics: means over platforms + per platform/network, the same top1 as the tags
+        # the KB's run is the CKD parent run; each subset it learned from is an artifact of it
+        run = client.get_run(run_id)
+        assert run.info.run_name == f"ckd-{fam}" and run.data.tags["platforms"] == ",".join(platforms)
+        assert [run.data.params[f"data.{p}"] for p in platforms] == [str(f.relative_to(root)) for f in learned]
+        for p, f in zip(platforms[1:], learned[1:]):
+            got = client.download_artifacts(run_id, f"subsets/{p}/{f.name}", str(root / "mlflow" / "dl"))
+            assert _md5(Path(got)) == _md5(f)
+        assert len(client.list_artifacts(run_id, "subsets")) == len(platforms) - 1
+
+        # metrics: the KB's fields as before (means over platforms + per platform/network, the
+        # same top1 as the tags), the from-scratch comparison beside them
         m = json.loads((root / "metrics" / f"{fam}.json").read_text())
-        assert m["platforms"] == platforms
-        for key in ("top1", "top5", "pairwise"):
-            assert 0.0 <= m[key] <= 1.0
-        assert -1.0 <= m["spearman"] <= 1.0  # a 2-epoch model can rank a task backwards
+        assert m["platforms"] == platforms and m["model"] == "ckd"
+        for res in (m, m["scratch"]):
+            for key in ("top1", "top5", "pairwise"):
+                assert 0.0 <= res[key] <= 1.0
+            assert -1.0 <= res["spearman"] <= 1.0  # a 2-epoch model can rank a task backwards
+            assert set(res["per_platform"]) == set(platforms)
+            for r in res["per_platform"].values():
+                assert set(r["per_network"]) == set(TEST_NETWORKS)
         assert float(tags["top1"]) == pytest.approx(m["top1"])
-        assert set(m["per_platform"]) == set(platforms)
-        for res in m["per_platform"].values():
-            assert set(res["per_network"]) == set(TEST_NETWORKS)
+        assert m["ckd_minus_scratch"]["top1"] == pytest.approx(m["top1"] - m["scratch"]["top1"])
+        assert [m["train_data"][p]["programs"] for p in platforms] == [len(FeatureSet.load(f)) for f in learned]
         info = json.loads((root / "models" / f"{fam}.registered.json").read_text())
         assert info["version"] == 1 and info["name"] == f"tcl-kb-{fam}"
 
-        # the training run: one FeatureSet per platform of the family
-        import mlflow
-
-        run = mlflow.MlflowClient().get_run(run_id)
-        assert run.data.tags["platform"] == ",".join(platforms)
+        # the from-scratch run: one FeatureSet per platform of the family, whole training splits
+        scratch_id = json.loads((root / "models-scratch" / fam / "mlflow_run.json").read_text())["run_id"]
+        run = client.get_run(scratch_id)
+        assert run.info.run_name == f"scratch-{fam}" and run.data.tags["platform"] == ",".join(platforms)
         assert run.data.params["data"] == ",".join(f"data/splits/{p}/train.npz" for p in platforms)
         assert run.data.params["train.epochs"] == "2"
 
-        # plot files
+        # plot files: the KB's KD epochs (2 per platform), the scratch model's epochs
         loss = json.loads((root / "plots" / "train_loss" / f"{fam}.json").read_text())
         valid = json.loads((root / "plots" / "valid" / f"{fam}.json").read_text())
-        assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == [0, 1]
+        assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == list(range(2 * len(platforms)))
         assert all(r["train_loss"] > 0 for r in loss) and all(0 <= r["valid_top1"] <= 1 for r in valid)
+        assert all(0 <= r["valid_pairwise"] <= 1 for r in valid)
+        # KD learns the labels beside the AC (continual.alpha_task > 0) on every platform, the first too
+        summary = json.loads((root / "models" / fam / "continual.json").read_text())
+        assert all(r["loss_task"] > 0 and r["loss_distill"] > 0
+                   for p in summary["per_platform"] for r in p["kd"]["epochs"])
+        assert all(p["kd"]["select"] == "pairwise" for p in summary["per_platform"])
+        loss = json.loads((root / "plots" / "scratch_train_loss" / f"{fam}.json").read_text())
+        valid = json.loads((root / "plots" / "scratch_valid" / f"{fam}.json").read_text())
+        assert [r["epoch"] for r in loss] == [r["epoch"] for r in valid] == [0, 1]
         topk = json.loads((root / "plots" / "topk" / f"{fam}.json").read_text())
-        assert {(r["platform"], r["network"], r["metric"]) for r in topk} == {
-            (p, n, k) for p in platforms for n in TEST_NETWORKS for k in ("top1", "top5")}
+        assert {(r["model"], r["platform"], r["network"], r["metric"]) for r in topk} == {
+            (model, p, n, k) for model in ("kb", "scratch") for p in platforms for n in TEST_NETWORKS
+            for k in ("top1", "top5")}
 
     runs, versions = _store_counts()
-    assert versions == len(FAMILIES) and runs == len(FAMILIES)
+    # per family: the CKD parent, cl + kd per platform, ac-init per later platform; the scratch run
+    assert versions == len(FAMILIES)
+    assert runs == sum(1 + 2 * len(ps) + (len(ps) - 1) + 1 for ps in FAMILIES.values())
 
     # a no-op repro: nothing runs, no new MLflow run or model version
     with Repo(str(root)) as repo:
@@ -222,13 +279,13 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert not shown.get("errors")
-    kinds = ("train_loss", "valid", "topk")
+    kinds = ("train_loss", "valid", "scratch_train_loss", "scratch_valid", "topk")
     assert set(shown["data"]) == {f"plots/{kind}/{fam}.json" for kind in kinds for fam in FAMILIES}
     out = subprocess.run([sys.executable, "-m", "dvc", "plots", "show", "-o", "plots-html"],
                          cwd=root, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     html = (root / "plots-html" / "index.html").read_text()
-    assert html.count('"$schema": "https://vega.github.io/schema/vega-lite') == 3 * len(FAMILIES)
+    assert html.count('"$schema": "https://vega.github.io/schema/vega-lite') == len(kinds) * len(FAMILIES)
 
     # the registered KB serves
     from tcl.features import FeatureSet
@@ -262,8 +319,23 @@ def test_dvc_repro_registers_a_kb_per_family_and_a_noop_repro_changes_nothing(in
             stale = {name.split(":")[-1] for name in repo.status()}
     finally:
         training.write_text(saved)
-    assert {f"train@{fam}" for fam in FAMILIES} <= stale
+    assert {f"{stage}@{fam}" for stage in ("ckd", "scratch") for fam in FAMILIES} <= stale
     assert not any(name.startswith(("ingest@", "featurize@", "split@")) for name in stale)
+
+    # a changed target ratio reruns the KB of the family with a later platform, not its subsets,
+    # nor the from-scratch models
+    params_file = root / "params.yaml"
+    saved = params_file.read_text()
+    params = yaml.safe_load(saved)
+    params["continual"]["target_ratio"] = RATIOS[0]
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        with Repo(str(root)) as repo:
+            stale = {name.split(":")[-1] for name in repo.status()}
+    finally:
+        params_file.write_text(saved)
+    assert {f"ckd@{fam}" for fam in FAMILIES} <= stale  # both declare `continual`
+    assert not any(name.startswith(("sample@", "scratch@")) for name in stale)
 
 
 def test_family_platforms_checks_the_hardware_registry():

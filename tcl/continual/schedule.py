@@ -13,10 +13,13 @@ For each platform t of a family, in order (``learn_platform``):
    (an ablation).
 2. **CL** (KB frozen): ``L = L_task(AC, D_t) + β·Φ_t(epoch)·L_distill(AC ← KB)`` (tcl.continual.distill).
    Early stopping on D_t's validation set.
-3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + λ·Σ_i F_i (θ_i − θ*_i)²`` on D_t's training
-   programs (tcl.continual.ewc; no EWC term before the first platform is finished), at KD's lower
-   learning rate. Early stopping on the mean validation top-1 of every seen platform, so the kept
-   KB is the one that lost least; with ``kd_guard`` (a KB that already knows platforms), when
+3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·Σ_i F_i (θ_i − θ*_i)²``
+   on D_t's training programs (tcl.continual.ewc; no EWC term before the first platform is
+   finished), at KD's lower learning rate (``kd_first`` over it for a fresh KB). α
+   (``alpha_task``) > 0 departs from the paper's KD (α = 0, no labels): without it a family's
+   first KB was only as good as a few-epoch AC (docs/continual.md). Early stopping on the mean
+   validation ``select`` metric of every seen platform, so the kept KB is the one that lost
+   least; with ``kd_guard`` (a KB that already knows platforms), when
    no KD epoch beats the KB it started from on that mean, the starting KB is kept (measured on
    the bundled x86-sse data: an AC trained on a 10% subset can rank worse than the KB, and
    distilling it then only costs the KB). Then the Fisher information of D_t is added to the
@@ -25,8 +28,9 @@ For each platform t of a family, in order (``learn_platform``):
 A teacher is frozen by construction: its scores on D_t are computed once before the phase and
 the phase never touches its weights. Batches never mix platforms (each phase trains on one).
 Settings: params.yaml ``continual:`` (:func:`settings`); each phase trains with ``train:``, then
-``pipeline.train`` (the main job's sizing for the bundled data), then ``continual.cl`` /
-``continual.kd``.
+``pipeline.train`` (the main job's sizing for the bundled data), then ``continual.select`` (the
+early-stopping metric), then ``continual.cl`` / ``continual.kd`` (``kd_first`` over it on a
+family's first platform).
 
 * :func:`run_schedule`: a family's KB from its platforms in order (source CL → source KD → … →
   target CL → target KD); one MLflow parent run, a nested run per phase.
@@ -63,8 +67,18 @@ DEFAULTS = {
     "ac_init": "distill",
     "ac_init_epochs": 5,
     "kd_guard": True,
+    # KD's task-loss weight α: L = L_distill(KB <- AC) + α·L_task(KB, D_t) + λ·EWC (0: the paper's KD)
+    "alpha_task": 0.0,
+    # the validation metric of every phase's early stopping and of the KD guard (tcl.training select)
+    "select": "top1",
     "cl": {},
     "kd": {"lr": 1e-4},
+    # over kd for a fresh KB (a family's first platform): no earlier knowledge to protect, so no
+    # reason for KD's low learning rate (measured: at 3e-4 a fresh KB stayed far below its AC)
+    "kd_first": {},
+    # the main job (tcl.pipeline ckd): a family's later platforms learn from this share of their
+    # training programs (the sample stage's subset); None: from their whole training split
+    "target_ratio": None,
 }
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "continual.json"
@@ -86,6 +100,14 @@ def settings(params: dict) -> dict:
     if cfg["ac_init"] not in ("distill", "scratch"):
         raise ContinualError(f"continual.ac_init must be distill or scratch, not {cfg['ac_init']!r}")
     phi_at(0, 0.0, cfg["phi"])  # validates the constants
+    if not float(cfg["alpha_task"]) >= 0:
+        raise ContinualError(f"continual.alpha_task must be >= 0, not {cfg['alpha_task']!r}")
+    from tcl.training import selection_key
+
+    try:
+        selection_key({"select": cfg["select"]})
+    except ValueError as exc:
+        raise ContinualError(f"continual.select: {exc}") from None
     return cfg
 
 
@@ -93,7 +115,7 @@ def phase_params(params: dict, cfg: dict, phase: str) -> dict:
     from tcl.training import DEFAULT_TRAIN
 
     return {**DEFAULT_TRAIN, **(params.get("train") or {}),
-            **((params.get("pipeline") or {}).get("train") or {}), **(cfg[phase] or {})}
+            **((params.get("pipeline") or {}).get("train") or {}), "select": cfg["select"], **(cfg[phase] or {})}
 
 
 @dataclass
@@ -104,6 +126,7 @@ class PlatformData:
     train: object = None
     valid: object = None
     test: object = None
+    train_file: str | None = None  # where `train` was read from (logged with the runs that train on it)
 
     @property
     def monitor(self):
@@ -123,7 +146,33 @@ def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
     d = Path(splits_dir) / platform
     parts = {part: FeatureSet.load(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
              for part in ("train", "valid", "test")}
-    return PlatformData(platform, **parts)
+    return PlatformData(platform, **parts, train_file=str(d / "train.npz") if parts["train"] is not None else None)
+
+
+def train_data_info(data: PlatformData) -> dict:
+    """What a platform was learned from: the file, its hash (tracking.data_hash), its programs and,
+    for a sampled subset (``meta["sample"]``, `tcl sample`), how they were chosen."""
+    from tcl import tracking
+
+    info = {"file": data.train_file, "programs": int(len(data.train)),
+            "hash": tracking.data_hash(data.train_file) if data.train_file else None}
+    how = (getattr(data.train, "meta", None) or {}).get("sample")
+    if how:
+        info["sample"] = {k: how.get(k) for k in ("strategy", "ratio", "seed", "rounds", "selected", "pool",
+                                                 "seconds")}
+    return info
+
+
+def log_training_data(data: PlatformData, info: dict) -> None:
+    """Log to the active MLflow run the file a platform is learned from (param ``data.<platform>``)
+    and, when it is a sampled subset, the subset itself as an artifact (``subsets/<platform>/``):
+    a few hundred programs, and the record of how they were chosen travels with the run."""
+    import mlflow
+
+    mlflow.log_param(f"data.{data.platform}", str(info["file"]))
+    mlflow.set_tag(f"data_hash.{data.platform}", str(info["hash"]))
+    if "sample" in info and data.train_file:
+        mlflow.log_artifact(data.train_file, artifact_path=f"subsets/{data.platform}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,8 +272,10 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
 
 def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState | None, cfg: dict,
              train_params: dict, out_dir, track: bool = False) -> tuple[EWCState, dict]:
-    """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + λ·EWC; then add D_t's Fisher
-    information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs"})."""
+    """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·EWC
+    (α = ``continual.alpha_task``; 0 is the paper's KD, without labels); then add D_t's Fisher
+    information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs", "kept_start",
+    "start_valid", "end_valid"}) (the guard's metric, ``continual.select``)."""
     from tcl.training import train_model
 
     targets = teacher_targets(ac.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
@@ -234,24 +285,30 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
         extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
     valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
     start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
-    start_top1 = _mean_top1(kb, valid) if ewc is not None and cfg["kd_guard"] else None
+    metric = cfg["select"]
+    start_valid = _mean_metric(kb, valid, metric) if ewc is not None and cfg["kd_guard"] else None
+    alpha = float(cfg["alpha_task"])
+    task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
     log = PhaseLog(kb, seen, track=track)
-    train_model(kb, [data.train], valid, {**train_params, "loss": "none"}, out_dir, run=log,
+    train_model(kb, [data.train], valid, {**train_params, **task}, out_dir, run=log,
                 progress=False, extra_losses=extra)
-    kept = start_top1 is not None and not _mean_top1(kb, valid) > start_top1
+    end_valid = _mean_metric(kb, valid, metric)
+    kept = start_valid is not None and not end_valid > start_valid
     if kept:  # no KD epoch beat the KB it started from on the seen platforms: keep that one
         kb.net.load_state_dict(start)
     state = absorb(ewc, kb, estimate_fisher(kb, data.train, train_params), data.platform)
     state.attach(kb)
     kb.feature_meta = {**kb.feature_meta, "platforms": list(state.platforms)}
-    return state, {"epochs": log.rows, "kept_start": kept, "start_valid_top1": start_top1}
+    return state, {"epochs": log.rows, "kept_start": kept, "select": metric, "start_valid": start_valid,
+                   "end_valid": end_valid}
 
 
-def _mean_top1(model, sets) -> float | None:
-    """Mean validation top-1 over the sets (None without any)."""
+def _mean_metric(model, sets, metric: str) -> float | None:
+    """The mean of one metric (tcl.metrics.evaluate's top1, pairwise, ...) over the sets (None
+    without any)."""
     if not sets:
         return None
-    return float(np.mean([M.evaluate(model.predict_features(fs), fs)["top1"] for fs in sets]))
+    return float(np.mean([M.evaluate(model.predict_features(fs), fs)[metric] for fs in sets]))
 
 
 def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dict, cfg: dict,
@@ -263,6 +320,8 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
         raise ContinualError(f"platform {data.platform!r}: no training programs")
     out_dir = Path(out_dir)
     cl_p, kd_p = phase_params(params, cfg, "cl"), phase_params(params, cfg, "kd")
+    if kb is None:
+        kd_p = {**kd_p, **(cfg["kd_first"] or {})}
     seed = int(cl_p["seed"]) + step
     n_features = int(data.train.x.shape[2])
     meta = feature_meta([data.train])
@@ -271,11 +330,12 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     ac = new_net_model(params, cfg, "ac", n_features, meta, seed)
     if kb is not None and cfg["ac_init"] == "distill" and int(cfg["ac_init_epochs"]) > 0:
         with _phase_run(track, f"ac-init-{data.platform}", {"phase": "ac-init", "platform": data.platform,
-                                                            **_flat("train", cl_p)}) as run:
+                                                            "data": data.train_file, **_flat("train", cl_p)}) as run:
             report["ac_init"] = init_ac(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-ac-init-{data.platform}",
                                         track)
             report["runs"]["ac_init"] = run.info.run_id if run else None
-    with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform, "beta": cfg["beta"],
+    with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform,
+                                                   "data": data.train_file, "beta": cfg["beta"],
                                                    **_flat("phi", cfg["phi"]), **_flat("train", cl_p)}) as run:
         report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-cl-{data.platform}", track)
         report["runs"]["cl"] = run.info.run_id if run else None
@@ -284,7 +344,8 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     if kb is None:
         kb = new_net_model(params, cfg, "kb", n_features, meta, seed)
     with _phase_run(track, f"kd-{data.platform}", {"phase": "kd", "platform": data.platform,
-                                                   "lambda_ewc": cfg["lambda_ewc"], "ewc": ewc is not None,
+                                                   "data": data.train_file, "lambda_ewc": cfg["lambda_ewc"],
+                                                   "ewc": ewc is not None,
                                                    **_flat("train", kd_p)}) as run:
         _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, out_dir / f"{step:02d}-kd-{data.platform}", track)
         report["runs"]["kd"] = run.info.run_id if run else None
@@ -335,6 +396,7 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
         ctx = tracking.start_run(cfg["experiment"], run_name=f"ckd-{family}",
                                  tags={"family": family, "platforms": ",".join(names), "schedule": "ckd"})
     kb, reports = None, []
+    train_data = {d.platform: train_data_info(d) for d in platforms}
     with ctx as parent:
         run_id = parent.info.run_id if parent else None
         if parent:
@@ -343,6 +405,8 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
             atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
             mlflow.log_params({"family": family, "platforms": ",".join(names), "beta": cfg["beta"],
                                "lambda_ewc": cfg["lambda_ewc"], "ac_init": cfg["ac_init"]})
+            for d in platforms:
+                log_training_data(d, train_data[d.platform])
         for i, data in enumerate(platforms):
             kb, _, report = learn_platform(kb, data, platforms[:i + 1], params, cfg, out / "phases", i, track)
             report["kb_held_out"] = held_out_metrics(kb, platforms[:i + 1])
@@ -354,7 +418,8 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
         ckpt = _save_kb(kb, out, {"run_id": run_id, "family": family})
     summary = json_safe({"family": family, "platforms": names, "run_id": run_id, "checkpoint": str(ckpt),
                          "phi": {r["platform"]: r["cl"]["phi"] for r in reports},
-                         "kb_held_out": reports[-1]["kb_held_out"], "per_platform": reports})
+                         "kb_held_out": reports[-1]["kb_held_out"], "train_data": train_data,
+                         "per_platform": reports})
     atomic_write_json(out / SUMMARY_FILE, summary)
     return summary
 
@@ -423,7 +488,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     target_fs = FeatureSet.load(target_data)
     target = PlatformData(target_fs.platform, target_fs,
                           FeatureSet.load(target_valid) if target_valid else None,
-                          FeatureSet.load(target_test) if target_test else None)
+                          FeatureSet.load(target_test) if target_test else None, train_file=str(target_data))
     for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test)):
         if fs is not None and int(fs.x.shape[2]) != kb.n_features:
             raise ContinualError(f"{part} of {target.platform!r} has {fs.x.shape[2]} features per step; the KB "
@@ -470,6 +535,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         run_id = parent.info.run_id if parent else None
         if parent:
             atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
+            log_training_data(target, train_data_info(target))
         kb, _, report = learn_platform(kb, target, [*src, target], params, cfg, out / "phases", 0, track)
         after = held_out_metrics(kb, src)
         target_after = held_out_metrics(kb, [target])

@@ -73,7 +73,8 @@ class SampleSettings:
         """Settings from a params dict (``tcl.config.load_params``); unknown keys raise."""
         params = params or {}
         section = dict(params.get("sample") or {})
-        for key in ("strategy", "ratio", "rounds", "seed"):  # the run's own choices, read by callers
+        # the run's own choices, read by callers (ratios: the main job's sample stages, dvc.yaml)
+        for key in ("strategy", "ratio", "ratios", "rounds", "seed"):
             section.pop(key, None)
         unknown = set(section) - set(DEFAULTS)
         if unknown:
