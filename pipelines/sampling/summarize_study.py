@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tcl.features import load_feature_set
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tcl.sampling import STRATEGIES
 from tcl.summary import as_metrics, stats, summarize
 
 FULL = "full"
@@ -49,12 +50,12 @@ def load_runs(metrics_dir: Path, subsets_dir: Path) -> list[dict]:
 
 def study_rows(runs: list[dict]) -> list[dict]:
     """tcl.summary rows (mean/sd/min/max per metric over seeds) with strategy, ratio and the
-    sampler's seconds, ordered by platform, ratio, then the strategies' first appearance."""
+    sampler's seconds, ordered by platform, ratio, then tcl.sampling.STRATEGIES (others after)."""
     seconds = defaultdict(list)
     for r in runs:
         if r["sampler_seconds"] is not None:
             seconds[(r["platform"], r["label"])].append(r["sampler_seconds"])
-    order = {s: i for i, s in enumerate(dict.fromkeys([FULL] + [r["strategy"] for r in runs]))}
+    order = {s: i for i, s in enumerate(dict.fromkeys([*STRATEGIES, FULL, *sorted(r["strategy"] for r in runs)]))}
     rows = []
     for row in summarize(runs):
         strategy, ratio = row["model"].rsplit("-", 1)
@@ -131,7 +132,7 @@ def plot_png(rows: list[dict]) -> bytes:
         ax.set_ylabel("held-out top-1 (mean ± sd over seeds)")
         ax.set_title(f"{platform}: Mamba kb trained on each strategy's subset")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
