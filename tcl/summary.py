@@ -14,13 +14,14 @@ import math
 from collections import defaultdict
 from typing import Iterable
 
-__all__ = ["METRICS", "summarize", "as_metrics", "format_markdown", "bar_rows"]
+__all__ = ["METRICS", "stats", "summarize", "as_metrics", "format_markdown", "bar_rows"]
 
 # task_top1/task_top5: the unweighted mean over tasks, beside the network-weighted top-k
 METRICS = ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman")
 
 
-def _stats(values: list[float]) -> dict:
+def stats(values: list[float]) -> dict:
+    """{mean, sd (sample, ddof 1; 0 for one value), min, max} of `values`."""
     n = len(values)
     mean = sum(values) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
@@ -39,10 +40,10 @@ def summarize(results: Iterable[dict]) -> list[dict]:
         for key in METRICS:
             vals = [float(r[key]) for r in runs if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
             if vals:
-                row[key] = _stats(vals)
+                row[key] = stats(vals)
         nets = sorted({n for r in runs for n in (r.get("per_network") or {})})
         row["per_network"] = {
-            net: {k: _stats([float(r["per_network"][net][k]) for r in runs if net in (r.get("per_network") or {})])
+            net: {k: stats([float(r["per_network"][net][k]) for r in runs if net in (r.get("per_network") or {})])
                   for k in ("top1", "top5")}
             for net in nets
         }

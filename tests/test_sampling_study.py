@@ -1,0 +1,74 @@
+"""The sampling study's summary (pipelines/sampling/summarize_study.py): mean ± sd over seeds per
+strategy and ratio, the sampler's seconds read from each subset's meta["sample"], checked by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tcl.sampling.subset import sample_features
+from tests.test_training import make_fs
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "pipelines" / "sampling" / "summarize_study.py"
+
+
+def _write_study(tmp_path, runs):
+    """runs: (stem, label, top1, sampler seconds or None) -> metrics/ and subsets/ as the pipeline writes them."""
+    metrics, subsets = tmp_path / "metrics", tmp_path / "subsets"
+    metrics.mkdir()
+    subsets.mkdir()
+    fs = make_fs(n_tasks=4, per_task=10, seed=1, platform="p")
+    for stem, label, top1, seconds in runs:
+        (metrics / f"{stem}.json").write_text(json.dumps(
+            {"platform": "p", "label": label, "kind": "mamba", "top1": top1, "top5": 0.9,
+             "task_top1": top1 / 2, "task_top5": 1.0, "pairwise": 0.5, "spearman": 0.1, "per_network": {}}))
+        if seconds is not None:
+            sub, _ = sample_features(fs, 0.25, "random", {"sample": {"retrain": {"kind": "none"}}}, seed=0)
+            sub.meta["sample"]["seconds"] = seconds
+            sub.save(subsets / f"{stem}.npz")
+    return metrics, subsets
+
+
+def _summarize(tmp_path, metrics, subsets):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--metrics", str(metrics), "--subsets", str(subsets),
+           "--out", str(out / "s.json"), "--markdown", str(out / "s.md"), "--plot", str(out / "p.json"),
+           "--png", str(out / "img" / "p.png")]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}), out
+
+
+def test_study_summary_mean_sd_and_sampler_seconds_by_hand(tmp_path):
+    metrics, subsets = _write_study(tmp_path, [
+        ("p-random-0.1-s0", "random-0.1", 0.2, 1.0), ("p-random-0.1-s1", "random-0.1", 0.4, 3.0),
+        ("p-rdu-0.05-s0", "rdu-0.05", 0.5, 2.0),
+        ("p-full-s0", "full-1.0", 0.6, None), ("p-full-s1", "full-1.0", 0.8, None)])
+    proc, out = _summarize(tmp_path, metrics, subsets)
+    assert proc.returncode == 0, proc.stderr
+    lines = (out / "s.md").read_text().splitlines()
+    # ordered by ratio; sample sd (ddof 1) of {0.2, 0.4} = 0.1414, of {1, 3} s = 1.414; full has no sampler
+    assert lines[2] == "| p | rdu | 5% | 1 | 0.500 ± 0.000 | 0.900 ± 0.000 | 0.250 ± 0.000 | 1.000 ± 0.000 | 2.00 ± 0.00 |"
+    assert lines[3] == "| p | random | 10% | 2 | 0.300 ± 0.141 | 0.900 ± 0.000 | 0.150 ± 0.071 | 1.000 ± 0.000 | 2.00 ± 1.41 |"
+    assert lines[4].startswith("| p | full | 100% | 2 | 0.700 ± 0.141 |") and lines[4].endswith("| - |")
+    summary = json.loads((out / "s.json").read_text())
+    assert summary["p"]["random-0.1"]["top1"] == pytest.approx(0.3)
+    assert summary["p"]["random-0.1"]["top1_sd"] == pytest.approx(round(math.sqrt(0.02), 4))
+    assert summary["p"]["random-0.1"]["sampler_seconds"] == pytest.approx(2.0)
+    assert "sampler_seconds" not in summary["p"]["full-1.0"]
+    # dvc plots rows: ratio in %, one field per strategy, the 100% mean beside each ratio
+    assert json.loads((out / "p.json").read_text()) == [{"ratio": 5.0, "rdu": 0.5, "full": 0.7},
+                                                       {"ratio": 10.0, "random": 0.3, "full": 0.7}]
+    assert (out / "img" / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_study_summary_names_a_metrics_file_without_a_ratio_label(tmp_path):
+    metrics, subsets = _write_study(tmp_path, [("p-x-s0", "no_ratio", 0.2, None)])
+    proc, _ = _summarize(tmp_path, metrics, subsets)
+    assert proc.returncode != 0 and "p-x-s0.json" in proc.stderr and "'<strategy>-<ratio>'" in proc.stderr
