@@ -137,3 +137,35 @@ def no_leftover_processes():
                 p.kill()  # started by this session (it carries the mark): ours to stop
         pytest.fail("processes started by the tests were left running (now killed):\n  "
                     + "\n  ".join(described), pytrace=False)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def rpc_tracker_and_server(key: str):
+    """A local TVM RPC tracker with one server registered under `key`; yields the tracker's port.
+    Both processes (and their children) are stopped on exit."""
+    import time
+
+    port, server_port = free_port(), free_port()
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
+    server = None
+    try:
+        time.sleep(2)
+        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
+                                   "--key", key, "--host", "127.0.0.1", "--port", str(server_port),
+                                   "--port-end", str(server_port + 50), "--silent"], env=env)
+        time.sleep(3)
+        yield port
+    finally:
+        for p in (server, tracker):
+            if p is not None:
+                stop_process_tree(p)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from tcl.records import Record
 from tcl.records.ingest import ingest
 from tcl.records.metaschedule import read_database
 
-from .conftest import run_tcl, stop_process_tree
+from .conftest import free_port, rpc_tracker_and_server, run_tcl, stop_process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -70,25 +69,8 @@ def test_collect_rejects_unknown_names(tmp_path):
     assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_collect_through_an_rpc_tracker_and_server(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "TVM_NUM_THREADS": "1"}
-    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                                "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
-    server = None
-    try:
-        time.sleep(2)
-        sp = _free_port()
-        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker",
-                                   f"127.0.0.1:{port}", "--key", "tcl-test", "--host", "127.0.0.1",
-                                   "--port", str(sp), "--port-end", str(sp + 50), "--silent"], env=env)
-        time.sleep(3)
+    with rpc_tracker_and_server("tcl-test") as port:
         db = tmp_path / "rpc-db"
         proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", db, "--workload", "dense_64",
                        "--trials", "3", "--min-repeat-ms", "1", "--rpc-tracker", f"127.0.0.1:{port}",
@@ -98,14 +80,10 @@ def test_collect_through_an_rpc_tracker_and_server(tmp_path):
         settings = json.loads((db / "collect.json").read_text())
         assert settings["rpc"] == {"tracker": f"127.0.0.1:{port}", "key": "tcl-test"}
         assert len(_records(db)) == 3
-    finally:
-        for p in (server, tracker):
-            if p is not None:
-                stop_process_tree(p)
 
 
 def test_collect_fails_fast_without_an_rpc_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                 "--port", str(port), "--port-end", str(port + 1), "--silent"])
     try:

@@ -56,6 +56,18 @@ def _platform(name: str, seed: int) -> PlatformData:
     return PlatformData(name, make_fs(seed=seed, platform=name), make_fs(seed=seed + 100, n_tasks=4, platform=name))
 
 
+def _write_splits(splits, names: list[str]) -> None:
+    """`splits/<name>/{train,valid,test}.npz` of each platform, as the split stage writes them
+    (the test split is the validation data: these tests read their structure, not its scores)."""
+    for i, name in enumerate(names):
+        d = splits / name
+        d.mkdir(parents=True)
+        data = _platform(name, i + 1)
+        data.train.save(d / "train.npz")
+        data.valid.save(d / "valid.npz")
+        data.valid.save(d / "test.npz")
+
+
 def test_cl_keeps_the_frozen_teacher_bit_identical(tmp_path, one_torch_thread, taught_kb):
     cfg, data = settings(PARAMS), _platform("p1", 1)
     ac = _model("ac")
@@ -315,13 +327,7 @@ def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, 
     from tcl.pipeline import main as pipeline
 
     names = ["x86-sse-t1", "x86-sse-t2"]
-    for i, name in enumerate(names):
-        d = tmp_path / "splits" / name
-        d.mkdir(parents=True)
-        data = _platform(name, i + 1)
-        data.train.save(d / "train.npz")
-        data.valid.save(d / "valid.npz")
-        data.valid.save(d / "test.npz")
+    _write_splits(tmp_path / "splits", names)
     continual = {**PARAMS["continual"], "kd": {"lr": 0.003}}  # KD epochs: train's, set below
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({**PARAMS, "continual": continual,
                                                           "families": {"x86-sse": names}}))
@@ -348,13 +354,7 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     from tcl.sampling.subset import sample_features
 
     names = ["x86-sse-t1", "x86-sse-t2"]
-    for i, name in enumerate(names):
-        d = tmp_path / "splits" / name
-        d.mkdir(parents=True)
-        data = _platform(name, i + 1)
-        data.train.save(d / "train.npz")
-        data.valid.save(d / "valid.npz")
-        data.valid.save(d / "test.npz")
+    _write_splits(tmp_path / "splits", names)
     full = FeatureSet.load(tmp_path / "splits" / "x86-sse-t2" / "train.npz")
     subset, _ = sample_features(full, 0.25, "random", {}, seed=3)
     subset_path = tmp_path / "subsets" / "x86-sse-t2" / "random-0.25.npz"

@@ -267,23 +267,9 @@ def test_mlp_cost_model_scores_each_candidates_store_rows(tmp_path):
 
 
 def test_tune_measures_through_an_rpc_tracker_and_server(tmp_path):
-    import os
-    import time
+    from tests.conftest import rpc_tracker_and_server
 
-    from tests.conftest import stop_process_tree
-    from tests.test_collect import _free_port
-
-    port, server_port = _free_port(), _free_port()
-    env = {**os.environ, "TVM_NUM_THREADS": "1"}
-    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                                "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
-    server = None
-    try:
-        time.sleep(2)
-        server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
-                                   "--key", "tcl-tune", "--host", "127.0.0.1", "--port", str(server_port),
-                                   "--port-end", str(server_port + 50), "--silent"], env=env)
-        time.sleep(3)
+    with rpc_tracker_and_server("tcl-tune") as port:
         out = tmp_path / "rpc-tuned"
         proc = run_tcl("tune", "--platform", "x86-sse-t1", "--workload", "dense_64", "--trials", 4,
                        "--cost-model", "random", "--out", out, "--min-repeat-ms", 1, "--no-progress", "--json",
@@ -293,10 +279,6 @@ def test_tune_measures_through_an_rpc_tracker_and_server(tmp_path):
         assert task["trials"] == 4 and task["best_latency_s"] > 0
         assert json.loads((out / "tune.json").read_text())["rpc"] == {"tracker": f"127.0.0.1:{port}",
                                                                        "key": "tcl-tune"}
-    finally:
-        for p in (server, tracker):
-            if p is not None:
-                stop_process_tree(p)
 
 
 def test_tasks_of_a_network_and_of_a_workload_database():
