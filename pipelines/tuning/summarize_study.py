@@ -1,0 +1,177 @@
+"""The tuning study's summary (issue 14, item 4): per task and cost model, the final best latency
+(geometric mean over seeds, with the seeds' spread), TCL's search-time speedup at equal latency and
+latency ratio at equal trials against each baseline, their geometric means over the tasks, and
+plots of best latency vs trials and vs seconds (one panel per task, one line per cost model).
+
+Reads the pipeline's METRICS/<task>.json (`tcl bench tune --json`, tcl.bench.tune's report).
+
+    python pipelines/tuning/summarize_study.py --metrics pipelines/tuning/metrics \
+        --out pipelines/tuning/summary.json --markdown pipelines/tuning/summary.md \
+        --png docs/img/tuning_study.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+from pathlib import Path
+
+from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
+
+REFERENCE = "tcl"
+
+
+def load_reports(metrics_dir: Path) -> list[dict]:
+    reports = []
+    for path in sorted(metrics_dir.glob("*.json")):
+        try:
+            report = json.loads(path.read_text())
+            report["curves"], report["runs"]  # noqa: B018 - the fields the summary reads
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}: not a `tcl bench tune --json` report ({exc!r})")
+        reports.append(report)
+    if not reports:
+        raise SystemExit(f"{metrics_dir}: no metrics files")
+    return reports
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def seed_finals(report: dict, model: str) -> list[float]:
+    """Each seed's final best latency of `model` (seconds; inf when nothing valid)."""
+    finals = []
+    for key, run in report["runs"].items():
+        if key.split("/")[0] == model:
+            best = [t["best_latency_s"] for t in run["tasks"]]
+            finals.append(best[0] if best and best[0] is not None else math.inf)
+    return finals
+
+
+def task_rows(reports: list[dict]) -> list[dict]:
+    rows = []
+    for rep in reports:
+        row = {"task": rep["workload"], "platform": rep["platform"], "trials": rep["trials"],
+               "seeds": rep["seeds"], "final_latency_s": {}, "seed_range_s": {}, "ratios": rep.get("ratios", {})}
+        for model, curve in rep["curves"].items():
+            row["final_latency_s"][model] = curve["best_latency_s"][-1] if curve["best_latency_s"] else None
+            finals = seed_finals(rep, model)
+            row["seed_range_s"][model] = [min(finals), max(finals)] if finals else None
+        cm = rep.get("cost_model")
+        if cm:
+            row["kb_candidates_per_s"] = cm["candidates_per_s"]
+            row["kb_share_of_tuning"] = cm["share_of_tuning"]
+        rows.append(row)
+    return rows
+
+
+def overall(rows: list[dict]) -> dict:
+    """Per baseline: geometric means over the tasks of both ratios, and in how many tasks TCL
+    reached the baseline's final latency at all (a speedup exists only there)."""
+    baselines = sorted({b for r in rows for b in r["ratios"]})
+    out = {}
+    for b in baselines:
+        rs = [r["ratios"][b] for r in rows if b in r["ratios"]]
+        out[b] = {"tasks": len(rs),
+                  "reached": sum(x["speedup_trials"] is not None for x in rs),
+                  "speedup_trials_geomean_where_reached": geomean([x["speedup_trials"] for x in rs]),
+                  "speedup_seconds_geomean_where_reached": geomean([x["speedup_seconds"] for x in rs]),
+                  "latency_ratio_at_equal_trials_geomean": geomean([x["latency_ratio_at_equal_trials"] for x in rs])}
+    return out
+
+
+def fmt_us(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v * 1e6:.1f}"
+
+
+def fmt_x(v) -> str:
+    return "not reached" if v is None else f"{v:.2f}x"
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    models = list(dict.fromkeys(m for r in rows for m in r["final_latency_s"]))
+    out = ["Final best latency (µs; geometric mean over seeds, [min, max] of the seeds):", "",
+           "| task | trials | " + " | ".join(models) + " |", "|---|---|" + "---|" * len(models)]
+    for r in rows:
+        cells = []
+        for m in models:
+            rng = r["seed_range_s"].get(m)
+            spread = f" [{fmt_us(rng[0])}, {fmt_us(rng[1])}]" if rng and len(r["seeds"]) > 1 else ""
+            cells.append(fmt_us(r["final_latency_s"].get(m)) + spread)
+        out.append(f"| {r['task']} | {r['trials']} | " + " | ".join(cells) + " |")
+    out += ["", f"TCL ({REFERENCE}) against each baseline: search-time speedup at equal latency (trials; "
+            "seconds) and latency ratio at equal trials (baseline / TCL; > 1: TCL better):", "",
+            "| task | baseline | speedup (trials) | speedup (seconds) | latency ratio |", "|---|---|---|---|---|"]
+    for r in rows:
+        for b, x in r["ratios"].items():
+            lr = x["latency_ratio_at_equal_trials"]
+            out.append(f"| {r['task']} | {b} | {fmt_x(x['speedup_trials'])} | {fmt_x(x['speedup_seconds'])} | "
+                       f"{'-' if lr is None else f'{lr:.3f}'} |")
+    out += ["", "Over the tasks (geometric means; the speedups over the tasks where TCL reached the "
+            "baseline's final latency):", "",
+            "| baseline | tasks | reached | speedup (trials) | speedup (seconds) | latency ratio |",
+            "|---|---|---|---|---|---|"]
+    for b, s in summary.items():
+        lr = s["latency_ratio_at_equal_trials_geomean"]
+        out.append(f"| {b} | {s['tasks']} | {s['reached']} | {fmt_x(s['speedup_trials_geomean_where_reached'])} | "
+                   f"{fmt_x(s['speedup_seconds_geomean_where_reached'])} | {'-' if lr is None else f'{lr:.3f}'} |")
+    kb = [r for r in rows if r.get("kb_candidates_per_s")]
+    if kb:
+        out += ["", "The KB inside tuning: " + "; ".join(
+            f"{r['task']} {r['kb_candidates_per_s']:.0f} candidates/s, {100 * r['kb_share_of_tuning']:.1f}% of wall time"
+            for r in kb)]
+    return "\n".join(out) + "\n"
+
+
+def plot_png(reports: list[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(reports), figsize=(4.2 * len(reports), 7), squeeze=False)
+    for col, rep in enumerate(reports):
+        for model, curve in rep["curves"].items():
+            best = [b * 1e6 if b is not None and math.isfinite(b) else math.nan for b in curve["best_latency_s"]]
+            axes[0][col].plot(curve["trials"], best, marker=".", label=model)
+            axes[1][col].plot(curve["seconds"], best, marker=".", label=model)
+        axes[0][col].set_title(rep["workload"], fontsize=9)
+        axes[0][col].set_xlabel("trials")
+        axes[1][col].set_xlabel("tuning seconds")
+        for row in (0, 1):
+            axes[row][col].set_yscale("log")
+            axes[row][col].grid(alpha=0.3)
+    axes[0][0].set_ylabel("best latency (µs), geo-mean over seeds")
+    axes[1][0].set_ylabel("best latency (µs), geo-mean over seeds")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Tuning on {reports[0]['platform']}: best latency vs trials and vs seconds")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--metrics", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--markdown", type=Path, required=True)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args()
+    reports = load_reports(args.metrics)
+    rows = task_rows(reports)
+    summary = overall(rows)
+    atomic_write_json(args.out, json_safe({"tasks": rows, "overall": summary}))
+    atomic_write_text(args.markdown, markdown(rows, summary))
+    if args.png:
+        atomic_write_bytes(args.png, plot_png(reports))
+    print(markdown(rows, summary))
+
+
+if __name__ == "__main__":
+    main()
