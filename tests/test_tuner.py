@@ -326,15 +326,16 @@ def fine_tuned_run(kb_checkpoint, tmp_path_factory):
     return d / "tuned", uri, tune_json(proc)
 
 
-def test_tcl_tune_fine_tune_records_the_switch_and_its_updates(fine_tuned_run, monkeypatch):
+def test_tcl_tune_fine_tune_records_the_switch_and_its_updates(fine_tuned_run):
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     out, uri, result = fine_tuned_run
     (task,) = result["tasks"]
     assert task["trials"] == 8 and 0 < task["best_latency_s"] < 1
     assert json.loads((out / "tune.json").read_text())["fine_tune"] is True
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    (run,) = mlflow.search_runs(experiment_names=["tcl-tune"], output_format="list")
+    client = MlflowClient(tracking_uri=uri)  # the run's own store (mlflow's default is another test's)
+    (run,) = client.search_runs([client.get_experiment_by_name("tcl-tune").experiment_id])
     assert run.data.params["fine_tune"] == "True"
     stats = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/tune_curves.json")["stats"]
     assert stats["measured"] == 8 and len(stats["fine_tune"]) == 1

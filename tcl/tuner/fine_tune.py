@@ -166,8 +166,8 @@ class KBFineTuner:
             loss = self.loss_fn(scores, torch.from_numpy(y[rows]), torch.from_numpy(task[rows]))
             if not torch.isfinite(loss):
                 continue  # a non-finite loss would poison the weights
-            if full and float(loss) < best_loss:
-                best_loss, best_state = float(loss), _state(net)  # the weights before this step
+            if full and float(loss.detach()) < best_loss:
+                best_loss, best_state = float(loss.detach()), _state(net)  # the weights before this step
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
