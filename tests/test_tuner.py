@@ -427,3 +427,29 @@ def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
                                     "--cost-model", "random", "--fine-tune", "--no-progress",
                                     "--out", str(tmp_path / "r")])
     assert res.exit_code == 1 and "--fine-tune is for --cost-model tcl" in res.output
+
+
+def test_candidate_features_fall_back_to_the_featurizer_for_what_the_library_refuses():
+    """A string with '$' (Ansor's "token$number", whose number Python's float() reads) sends the
+    batch through the steps and the Featurizer; the features are then theirs."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tcl.features import Featurizer
+    from tcl.tuner.traces import CandidateFeatures, candidate_steps, trace_library
+
+    if trace_library() is None:
+        pytest.skip("TCL's trace library is not built")
+    _, _, _, candidates, _ = dense_candidates(3)
+    sch = candidates[0].sch.copy()
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    sch.annotate(block, "pragma_tcl", "auto_unroll_max_step$16")
+    odd = [ms.MeasureCandidate(sch, candidates[0].args_info), *candidates[1:]]
+    features = CandidateFeatures(Featurizer(48))
+    x, mask = features(odd)
+    assert features.path == "steps"
+    steps = candidate_steps(odd, use_library=False)
+    assert ["Annotate", "auto_unroll_max_step$16", "pragma_tcl"] in steps[0]
+    x_ref, m_ref = Featurizer(48)(steps)
+    assert x.tobytes() == x_ref.tobytes() and mask.tobytes() == m_ref.tobytes()
+    features(candidates)  # the next batch takes the library again
+    assert features.path == "library"
