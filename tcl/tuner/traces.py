@@ -178,13 +178,15 @@ class CandidateFeatures:
         if way == "library" and trace_library() is not None:
             import tvm_ffi
 
-            f = featurizer
-            kinds = list(METASCHEDULE_STEP_KINDS)
-            columns = [-1 if k in f.skip else f.kind_index[k] for k in kinds]
-            strings = list(f.string_index)
-            self._encode = tvm_ffi.get_global_func("tcl.CandidateFeaturizer")(
-                kinds, columns, strings, [f.string_index[s] for s in strings], f.other_string,
-                f.num_offset, N_NUMERIC, f.max_len, f.n_features)
+            # None in a library built before the one pass: the steps' way
+            make = tvm_ffi.get_global_func("tcl.CandidateFeaturizer", allow_missing=True)
+            if make is not None:
+                f = featurizer
+                kinds = list(METASCHEDULE_STEP_KINDS)
+                columns = [-1 if k in f.skip else f.kind_index[k] for k in kinds]
+                strings = list(f.string_index)
+                self._encode = make(kinds, columns, strings, [f.string_index[s] for s in strings],
+                                    f.other_string, f.num_offset, N_NUMERIC, f.max_len, f.n_features)
         self._x = np.zeros((0, featurizer.max_len, featurizer.n_features), np.float32)
         self._lengths = np.zeros(0, np.int64)
         self._positions = np.arange(featurizer.max_len)
