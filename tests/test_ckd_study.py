@@ -117,6 +117,9 @@ def test_ablations_change_only_what_they_name(study_data, source_kb, tmp_path, o
     fixed = _run("ckd-fixed-phi", study_data, source_kb, tmp_path)
     assert fixed["phi"] == [1.0] * PARAMS["continual"]["cl"]["epochs"]
     assert fixed["phi"] != ckd["phi"]
+    # curves_for (default: ckd): the other runs read their curves on the validation split, without
+    # the source KB's (read on the test split)
+    assert fixed["curves_split"] == "valid" and {row["learning"] for row in fixed["curves"]} == {TARGET}
 
     no_ewc = _run("ckd-no-ewc", study_data, source_kb, tmp_path)
     assert len(no_ewc["loss_ewc"]) == 3 and all(v == 0.0 for v in no_ewc["loss_ewc"])
@@ -296,10 +299,12 @@ def test_summary_tables_targets_and_curves_by_hand(tmp_path):
     assert s["sources"]["f"]["none"] == {"n_runs": 1, "top1": 0.3, "top1_sd": 0.0, "top5": 0.9, "top5_sd": 0.0,
                                          "task_top1": 0.15, "task_top1_sd": 0.0, "task_top5": 1.0,
                                          "task_top5_sd": 0.0}
-    assert list(s["sources"]["f"]) == ["none", "same", "cross"]
+    assert set(s["sources"]["f"]) == {"none", "same", "cross"}
     assert s["sources"]["f"]["cross"]["top1"] == 0.4 and s["sources"]["f"]["same"]["top1"] == 0.7
     md = (out / "s.md").read_text()
     assert "| f | t | ckd | kb | 2 | 25 | 0.700 ± 0.141 |" in md
+    table5 = [line.split(" | ")[2] for line in md.split("## (c)")[1].splitlines() if line.startswith("| f |")]
+    assert table5 == ["none", "same", "cross"]  # Table 5's rows: no source, then same, cross, all
     # Figure 8 rows: per step, the mean over seeds of each seen platform
     assert json.loads((out / "plots" / "curves.json").read_text()) == [
         {"family": "f", "step": 0, "phase": "cl s", "s": 0.5},

@@ -4,7 +4,9 @@ A study's params (``pipelines/continual/params.yaml``) name, per family, the tar
 target's sampled subset and the source sets (``same``: the family's other platforms; ``cross``:
 other families' platforms; ``all``: cross then same), the overrides of the root params.yaml that
 size every run (``params``), the baselines' training settings (``baseline_train``), the constant
-Φ of the ablation (``fixed_phi``) and the split the curves are read on (``curves``).
+Φ of the ablation (``fixed_phi``), the split the curves are read on (``curves``) and the variants
+whose runs read it (``curves_for``, with the ``same`` source KBs they start from; the other runs
+read their curves on the validation split, ~10× cheaper per epoch).
 
 * :func:`learn_sources`: the KB of a source set through the CKD schedule (tcl.continual.schedule
   ``run_schedule``), from nothing or continuing a source set's KB (``all`` continues ``cross``).
@@ -124,11 +126,14 @@ def _platform(name: str, splits_dir, curves: str) -> PlatformData:
     return d
 
 
-def _curve_split(study: dict) -> str:
+def _curve_split(study: dict, sources: str, variant: str | None = None) -> str:
+    """``curves`` for the runs of ``curves_for`` on the ``same`` sources and for the ``same``
+    source KBs they start from (`variant` None), the validation split for the others."""
     curves = str(study.get("curves", "test"))
     if curves not in CURVE_SPLITS:
         raise StudyError(f"curves must be one of {', '.join(CURVE_SPLITS)}, not {curves!r}")
-    return curves
+    wanted = sources == "same" and (variant is None or variant in (study.get("curves_for") or ["ckd"]))
+    return curves if wanted else "valid"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +177,8 @@ def learn_sources(family: str, sources: str, root: dict, study: dict, seed: int,
     from tcl.models import load_model
 
     t0 = time.perf_counter()
-    fam, curves = family_settings(study, family), _curve_split(study)
+    fam = family_settings(study, family)
+    curves = _curve_split(study, sources)
     names = list(fam["sources"].get(sources) or [])
     if not names:
         raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
@@ -184,7 +190,7 @@ def learn_sources(family: str, sources: str, root: dict, study: dict, seed: int,
         done = list(state.platforms) if state else []
         if names[:len(done)] != done or len(done) >= len(names):
             raise StudyError(f"{start}: a KB of {done}, not a beginning of source set {sources!r} {names}")
-        before_curves = _read_study(start)["curves"]
+        before_curves = _start_curves(start, curves)
     learned = [_platform(p, splits_dir, curves) for p in done]
     todo = [_platform(p, splits_dir, curves) for p in names[len(done):]]
     out = Path(out)
@@ -198,6 +204,12 @@ def learn_sources(family: str, sources: str, root: dict, study: dict, seed: int,
                         "seconds": time.perf_counter() - t0})
     atomic_write_json(out / STUDY_FILE, result)
     return result
+
+
+def _start_curves(kb_dir, split: str) -> list[dict]:
+    """The curves of the schedule that made a source KB, when read on the same split."""
+    study = _read_study(kb_dir)
+    return study["curves"] if study.get("curves_split") == split else []
 
 
 def _read_study(kb_dir) -> dict:
@@ -229,8 +241,9 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
     from tcl.models import load_model
 
     t0 = time.perf_counter()
-    fam, curves = family_settings(study, family), _curve_split(study)
+    fam = family_settings(study, family)
     params = run_params(root, study, seed, variant)
+    curves = _curve_split(study, sources, variant)
     names = list(fam["sources"].get(sources) or [])
     if not names:
         raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
@@ -255,7 +268,7 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
         before = _held_top1(kb, src)
         target_before = {k: v for k, v in M.evaluate(kb.predict_features(target.test), target.test).items()
                          if k in ("top1", "top5", "task_top1", "task_top5")}
-        start_curves = _read_study(source_kb)["curves"]
+        start_curves = _start_curves(source_kb, curves)
 
     extra: dict = {}
     with tempfile.TemporaryDirectory(prefix="tcl-ckd-study-") as tmp:
