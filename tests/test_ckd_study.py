@@ -178,6 +178,9 @@ def test_all_sources_continue_the_cross_kb_and_a_mismatched_kb_is_refused(study_
         run_params(PARAMS, study, 0, "ckd-no-everything")
     with pytest.raises(StudyError, match="starts from the source KB"):
         run_variant("finetune", "fam", PARAMS, study, 0, tmp_path / "z.json", splits_dir=root / "splits")
+    with pytest.raises(StudyError, match="does not start from a source KB"):
+        run_variant("mtl", "fam", PARAMS, study, 0, tmp_path / "z.json", source_kb=tmp_path / "all",
+                    splits_dir=root / "splits")
 
 
 def test_cli_runs_a_variant_and_names_a_missing_family(study_data, source_kb, tmp_path, one_torch_thread):

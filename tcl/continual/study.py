@@ -249,6 +249,8 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
         raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
     if variant in FROM_KB and source_kb is None:
         raise StudyError(f"variant {variant} starts from the source KB: give its directory")
+    if variant in BASELINES and source_kb is not None:
+        raise StudyError(f"variant {variant} does not start from a source KB (it learns without one)")
     target = _platform(fam["target"], splits_dir, curves)
     try:
         subset = load_feature_set(fam["subset"])
