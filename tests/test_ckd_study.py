@@ -262,13 +262,15 @@ def test_fixed_phi_is_a_constant_and_is_range_checked():
 # the summary
 
 
-def _metrics(family, variant, seed, top1, sources_set="same", drop=None, curves=()):
+def _metrics(family, variant, seed, top1, sources_set="same", drop=None, curves=(), before=None):
     return {"family": family, "platform": "t", "label": variant, "variant": variant, "sources_set": sources_set,
             "seed": seed, "sources": ["s"], "model": "kb", "kind": "mamba", "top1": top1, "top5": 0.9,
             "task_top1": top1 / 2, "task_top5": 1.0, "pairwise": 0.6, "spearman": 0.2, "per_network": {},
             "seconds": 10.0 + seed, "train_programs": 25,
             "sources_top1_drop": {} if drop is None else {"s": drop, "s2": drop - 0.1},
-            "curves": list(curves)}
+            "curves": list(curves),
+            "target_before": None if before is None else {"top1": before, "top5": 0.8, "task_top1": 0.4,
+                                                          "task_top5": 0.9}}
 
 
 def test_summary_tables_targets_and_curves_by_hand(tmp_path):
@@ -276,8 +278,8 @@ def test_summary_tables_targets_and_curves_by_hand(tmp_path):
     m.mkdir()
     curve = lambda v: [{"learning": "s", "phase": "cl", "model": "ac", "epoch": 0, "top1": {"s": v}},  # noqa: E731
                        {"learning": "t", "phase": "cl", "model": "ac", "epoch": 0, "top1": {"s": v, "t": v / 2}}]
-    runs = [_metrics("f", "ckd", 0, 0.6, drop=0.01, curves=curve(0.4)), _metrics("f", "ckd", 1, 0.8, drop=0.03,
-                                                                                  curves=curve(0.6)),
+    runs = [_metrics("f", "ckd", 0, 0.6, drop=0.01, curves=curve(0.4), before=0.55),
+            _metrics("f", "ckd", 1, 0.8, drop=0.03, curves=curve(0.6), before=0.65),
             _metrics("f", "scratch-100", 0, 0.5), _metrics("f", "scratch-100", 1, 0.9),
             _metrics("f", "finetune", 0, 0.5, drop=0.2), _metrics("f", "scratch-10", 0, 0.3),
             _metrics("f", "ckd", 0, 0.4, sources_set="cross", drop=0.0)]
@@ -298,7 +300,8 @@ def test_summary_tables_targets_and_curves_by_hand(tmp_path):
     # targets: ckd 0.7 = scratch-100 0.7 (>=), > finetune 0.5; the worst drop 0.03 > 2 points
     assert s["targets"]["f"] == {"ckd_ge_scratch_100": True, "ckd_ge_finetune": True, "source_drop_max": 0.03,
                                  "source_drop_le_2_points": False}
-    assert set(s["ablation"]["f"]) == {"scratch-10", "scratch-100", "finetune", "ckd"}
+    assert set(s["ablation"]["f"]) == {"source-kb", "scratch-10", "scratch-100", "finetune", "ckd"}
+    assert s["ablation"]["f"]["source-kb"]["top1"] == 0.6  # the source KB on the target: mean of 0.55, 0.65
     assert s["sources"]["f"]["none"] == {"n_runs": 1, "top1": 0.3, "top1_sd": 0.0, "top5": 0.9, "top5_sd": 0.0,
                                          "task_top1": 0.15, "task_top1_sd": 0.0, "task_top5": 1.0,
                                          "task_top5_sd": 0.0}

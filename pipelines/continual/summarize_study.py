@@ -31,6 +31,7 @@ from tcl.summary import stats, summarize
 
 COLUMNS = ("top1", "top5", "task_top1", "task_top5")
 SETS = ("none", "same", "cross", "all")  # Table 5's rows: scratch-10 is "none"
+SOURCE_KB = "source-kb"  # (a)'s reference row: the source KB itself on the target
 DROP_LIMIT = 0.02  # issue 13: sources lose <= 2 points of top-1 after the target is learned
 RUN_FIELDS = ("family", "platform", "variant", "sources_set", "top1", "seconds", "train_programs", "model")
 
@@ -67,12 +68,17 @@ def _row(runs: list[dict], label: str) -> dict:
 
 
 def ablation_rows(runs: list[dict]) -> list[dict]:
-    """(a): one row per (family, variant) of the same-family runs, in VARIANTS order."""
+    """(a): one row per (family, variant) of the same-family runs, in VARIANTS order, after the
+    row "source-kb": the source KB on the target before any transfer (the ckd runs' target_before)."""
     groups = defaultdict(list)
     for r in runs:
         if r["sources_set"] == "same":
             groups[(r["family"], r["variant"])].append(r)
-    order = {v: i for i, v in enumerate(VARIANTS)}
+            if r["variant"] == "ckd" and r.get("target_before"):
+                groups[(r["family"], SOURCE_KB)].append({**r, **r["target_before"], "variant": SOURCE_KB, "model": "kb",
+                                                        "seconds": 0.0, "train_programs": 0, "sources_top1_drop": {},
+                                                        "pairwise": None, "spearman": None, "per_network": {}})
+    order = {v: i for i, v in enumerate((SOURCE_KB, *VARIANTS))}
     return [_row(rs, v) for (f, v), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99)))]
 
 
