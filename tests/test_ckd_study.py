@@ -268,7 +268,7 @@ def _metrics(family, variant, seed, top1, sources_set="same", drop=None, curves=
             "task_top1": top1 / 2, "task_top5": 1.0, "pairwise": 0.6, "spearman": 0.2, "per_network": {},
             "seconds": 10.0 + seed, "train_programs": 25,
             "sources_top1_drop": {} if drop is None else {"s": drop, "s2": drop - 0.1},
-            "curves": list(curves),
+            "curves": list(curves), "kd_kept_start": None if variant != "ckd" else seed == 1,
             "target_before": None if before is None else {"top1": before, "top5": 0.8, "task_top1": 0.4,
                                                           "task_top5": 0.9}}
 
@@ -308,7 +308,8 @@ def test_summary_tables_targets_and_curves_by_hand(tmp_path):
     assert set(s["sources"]["f"]) == {"none", "same", "cross"}
     assert s["sources"]["f"]["cross"]["top1"] == 0.4 and s["sources"]["f"]["same"]["top1"] == 0.7
     md = (out / "s.md").read_text()
-    assert "| f | t | ckd | kb | 2 | 25 | 0.700 ± 0.141 |" in md
+    assert "| f | t | ckd | kb | 2 | 25 | 0.700 ± 0.141 |" in md and "| 0.020 ± 0.014 | 1/2 | 10 |" in md
+    assert ckd["kd_kept_start"] == "1/2"  # seed 1's KD guard kept the source KB
     table5 = [line.split(" | ")[2] for line in md.split("## (c)")[1].splitlines() if line.startswith("| f |")]
     assert table5 == ["none", "same", "cross"]  # Table 5's rows: no source, then same, cross, all
     # Figure 8 rows: per step, the mean over seeds of each seen platform

@@ -61,9 +61,11 @@ def _row(runs: list[dict], label: str) -> dict:
     """summarize()'s row for runs of one (platform, label), with the source drop and seconds."""
     row = summarize([{**r, "label": label} for r in runs])[0]
     drops = [d for d in map(_max_drop, runs) if d is not None]
+    kept = [bool(r["kd_kept_start"]) for r in runs if r.get("kd_kept_start") is not None]
     row.update(family=runs[0]["family"], label=label, source_drop=stats(drops) if drops else None,
                seconds=stats([float(r["seconds"]) for r in runs]),
-               train_programs=runs[0]["train_programs"], model_kind=runs[0]["model"])
+               train_programs=runs[0]["train_programs"], model_kind=runs[0]["model"],
+               kd_kept_start=f"{sum(kept)}/{len(kept)}" if kept else "-")
     return row
 
 
@@ -77,7 +79,8 @@ def ablation_rows(runs: list[dict]) -> list[dict]:
             if r["variant"] == "ckd" and r.get("target_before"):
                 groups[(r["family"], SOURCE_KB)].append({**r, **r["target_before"], "variant": SOURCE_KB, "model": "kb",
                                                         "seconds": 0.0, "train_programs": 0, "sources_top1_drop": {},
-                                                        "pairwise": None, "spearman": None, "per_network": {}})
+                                                        "pairwise": None, "spearman": None, "per_network": {},
+                                                        "kd_kept_start": None})
     order = {v: i for i, v in enumerate((SOURCE_KB, *VARIANTS))}
     return [_row(rs, v) for (f, v), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99)))]
 
@@ -125,13 +128,15 @@ def format_markdown(ablation: list[dict], sources: list[dict], checks: dict, cur
     out = ["## (a) Transfer to the target with its 10% subset: variants", "",
            "Held-out networks of the target (test split); mean ± sd over seeds. *source drop*: the "
            "largest top-1 loss of a source platform (its test split) from the source KB to the "
-           "variant's model (negative: a gain); - where the model never had the sources (scratch).", "",
+           "variant's model (negative: a gain); - where the model never had the sources (scratch). "
+           "*KD kept KB*: the seeds in which the KD guard kept the source KB (no KD epoch beat it on "
+           "the seen platforms' validation splits), so the result is the source KB.", "",
            "| family | target | variant | model | seeds | train programs | top-1 | top-5 | task top-1 | task top-5 "
-           "| source drop | s/run |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| source drop | KD kept KB | s/run |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ablation:
         out.append(f"| {r['family']} | {r['platform']} | {r['label']} | {r['model_kind']} | {r['n_runs']} | "
                    f"{r['train_programs']} | " + " | ".join(_cell(r.get(k)) for k in COLUMNS)
-                   + f" | {_cell(r['source_drop'])} | {r['seconds']['mean']:.0f} |")
+                   + f" | {_cell(r['source_drop'])} | {r['kd_kept_start']} | {r['seconds']['mean']:.0f} |")
     out += ["", "Targets (issue 13; on the means):", ""]
     for family, c in checks.items():
         out.append(f"* {family}: " + ", ".join(f"{k} = {v}" for k, v in c.items()))
@@ -145,12 +150,12 @@ def format_markdown(ablation: list[dict], sources: list[dict], checks: dict, cur
             cells = ", ".join(f"{p} {v:.3f}" for p, v in last.items())
             out.append(f"| {family} | {seg['learning']} | {seg['phase']} | {seg['length']} | {cells} |")
     out += ["", "## (c) Table 5: ckd on each target from same-family, cross-family and all sources", "",
-            "| family | target | sources | platforms | seeds | top-1 | top-5 | task top-1 | task top-5 | source drop |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+            "| family | target | sources | platforms | seeds | top-1 | top-5 | task top-1 | task top-5 | source drop "
+            "| KD kept KB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sources:
         out.append(f"| {r['family']} | {r['platform']} | {r['label']} | {', '.join(r['platforms']) or '(scratch-10)'} "
                    f"| {r['n_runs']} | " + " | ".join(_cell(r.get(k)) for k in COLUMNS)
-                   + f" | {_cell(r['source_drop'])} |")
+                   + f" | {_cell(r['source_drop'])} | {r['kd_kept_start']} |")
     return "\n".join(out) + "\n"
 
 
@@ -292,6 +297,8 @@ def curves_png(curves: dict) -> bytes:
 def metrics_json(ablation: list[dict], sources: list[dict], checks: dict) -> dict:
     def brief(r):
         m = {"n_runs": r["n_runs"]}
+        if r["kd_kept_start"] != "-":
+            m["kd_kept_start"] = r["kd_kept_start"]
         for k in COLUMNS:
             if r.get(k):
                 m[k], m[f"{k}_sd"] = round(r[k]["mean"], 4), round(r[k]["sd"], 4)
