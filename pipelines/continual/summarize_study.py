@@ -31,6 +31,7 @@ from tcl.summary import stats, summarize
 
 COLUMNS = ("top1", "top5", "task_top1", "task_top5")
 SETS = ("none", "same", "cross", "all")  # Table 5's rows: scratch-10 is "none"
+NO_KD = "ckd-no-kd"
 SOURCE_KB = "source-kb"  # (a)'s reference row: the source KB itself on the target
 DROP_LIMIT = 0.02  # issue 13: sources lose <= 2 points of top-1 after the target is learned
 RUN_FIELDS = ("family", "platform", "variant", "sources_set", "top1", "seconds", "train_programs", "model")
@@ -61,7 +62,8 @@ def _row(runs: list[dict], label: str) -> dict:
     """summarize()'s row for runs of one (platform, label), with the source drop and seconds."""
     row = summarize([{**r, "label": label} for r in runs])[0]
     drops = [d for d in map(_max_drop, runs) if d is not None]
-    kept = [bool(r["kd_kept_start"]) for r in runs if r.get("kd_kept_start") is not None]
+    # ckd-no-kd runs no KD epoch: its "kept" start says nothing about the guard
+    kept = [bool(r["kd_kept_start"]) for r in runs if r.get("kd_kept_start") is not None and r["variant"] != NO_KD]
     row.update(family=runs[0]["family"], label=label, source_drop=stats(drops) if drops else None,
                seconds=stats([float(r["seconds"]) for r in runs]),
                train_programs=runs[0]["train_programs"], model_kind=runs[0]["model"],
