@@ -126,6 +126,11 @@ def _cell(s: dict | None, digits: int = 3) -> str:
     return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}" if s else "-"
 
 
+def _scores(r: dict) -> str:
+    """A row's cells from top-1 to "KD kept KB" (both tables)."""
+    return " | ".join(_cell(r.get(k)) for k in COLUMNS) + f" | {_cell(r['source_drop'])} | {r['kd_kept_start']}"
+
+
 def format_markdown(ablation: list[dict], sources: list[dict], checks: dict, curves: dict) -> str:
     out = ["## (a) Transfer to the target with its 10% subset: variants", "",
            "Held-out networks of the target (test split); mean ± sd over seeds. *source drop*: the "
@@ -137,8 +142,7 @@ def format_markdown(ablation: list[dict], sources: list[dict], checks: dict, cur
            "| source drop | KD kept KB | s/run |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ablation:
         out.append(f"| {r['family']} | {r['platform']} | {r['label']} | {r['model_kind']} | {r['n_runs']} | "
-                   f"{r['train_programs']} | " + " | ".join(_cell(r.get(k)) for k in COLUMNS)
-                   + f" | {_cell(r['source_drop'])} | {r['kd_kept_start']} | {r['seconds']['mean']:.0f} |")
+                   f"{r['train_programs']} | {_scores(r)} | {r['seconds']['mean']:.0f} |")
     out += ["", "Targets (issue 13; on the means):", ""]
     for family, c in checks.items():
         out.append(f"* {family}: " + ", ".join(f"{k} = {v}" for k, v in c.items()))
@@ -155,9 +159,8 @@ def format_markdown(ablation: list[dict], sources: list[dict], checks: dict, cur
             "| family | target | sources | platforms | seeds | top-1 | top-5 | task top-1 | task top-5 | source drop "
             "| KD kept KB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sources:
-        out.append(f"| {r['family']} | {r['platform']} | {r['label']} | {', '.join(r['platforms']) or '(scratch-10)'} "
-                   f"| {r['n_runs']} | " + " | ".join(_cell(r.get(k)) for k in COLUMNS)
-                   + f" | {_cell(r['source_drop'])} | {r['kd_kept_start']} |")
+        platforms = ", ".join(r["platforms"]) or "(scratch-10)"
+        out.append(f"| {r['family']} | {r['platform']} | {r['label']} | {platforms} | {r['n_runs']} | {_scores(r)} |")
     return "\n".join(out) + "\n"
 
 
