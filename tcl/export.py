@@ -162,9 +162,10 @@ def _tcl_version() -> str:
         return "unknown"
 
 
-def export_model(model, out_path: str | os.PathLike, family: str, source_run: str | None = None,
-                 opset: int | None = None, checkpoint_sha256: str = "", fast_ops: bool = True) -> Path:
-    """Export an in-memory CostModel (see :func:`export_onnx` for the saved-model entry point).
+def export_bytes(model, family: str, source_run: str | None = None, opset: int | None = None,
+                 checkpoint_sha256: str = "", fast_ops: bool = True) -> bytes:
+    """An in-memory CostModel as the bytes of a checked ONNX file with TCL's metadata (what
+    :func:`export_model` writes; the tuner's fine-tuning serves them without a file).
 
     The input shape comes from ``model.feature_meta`` (max_len, n_features). `fast_ops` rewrites
     slow onnxruntime kernels into equivalent fast ones (:func:`rewrite_softplus`); the parity
@@ -204,9 +205,17 @@ def export_model(model, out_path: str | os.PathLike, family: str, source_run: st
         entry.key, entry.value = k, v
     proto.producer_name = "tcl"
     onnx.checker.check_model(proto)
+    return proto.SerializeToString()
+
+
+def export_model(model, out_path: str | os.PathLike, family: str, source_run: str | None = None,
+                 opset: int | None = None, checkpoint_sha256: str = "", fast_ops: bool = True) -> Path:
+    """Export an in-memory CostModel to `out_path` (:func:`export_bytes`, written atomically; see
+    :func:`export_onnx` for the saved-model entry point)."""
+    data = export_bytes(model, family, source_run, opset, checkpoint_sha256, fast_ops)
     out = Path(out_path)
     with atomic_path(out, suffix=".onnx") as tmp:
-        onnx.save(proto, str(tmp), save_as_external_data=False)
+        Path(tmp).write_bytes(data)
     return out
 
 

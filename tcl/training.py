@@ -355,7 +355,7 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
 
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps_per_epoch, p)
-            scores = net(batch.x, batch.mask)
+            scores = model.score_batch(batch.x, batch.mask, fs.platform)  # a multi-head net: fs's head
             terms = {"task": task_weight * loss_fn(scores, batch.y, batch.task)}
             terms.update({name: fn(batch, scores, model) for name, fn in extra_losses.items()})
             loss = sum(terms.values())

@@ -34,7 +34,7 @@ def state(model) -> dict:
 def test_every_kind_is_registered_and_unknown_kinds_are_refused():
     from tcl.models import KINDS, model_class, model_config
 
-    assert set(KINDS) == {"mamba", "mlp", "tlp", "xgb", "xgb-ms", "mlp-tenset"}
+    assert set(KINDS) == {"mamba", "mlp", "tlp", "xgb", "xgb-ms", "mlp-tenset", "mtl"}
     assert all(model_class(k).kind == k for k in KINDS)
     with pytest.raises(ValueError, match="unknown model kind 'rnn'"):
         model_class("rnn")

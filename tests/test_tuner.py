@@ -39,6 +39,13 @@ def kb(tmp_path_factory):
     return export_model(model, d / "kb.onnx", FAMILY)
 
 
+@pytest.fixture(scope="module")
+def kb_checkpoint(kb):
+    """The torch checkpoint the KB was exported from (its training directory, model.pt)."""
+    assert (kb.parent / "train" / "model.pt").is_file()
+    return kb.parent / "train"
+
+
 def dense_candidates(n: int, seed: int = 0, workload: str = "dense_64"):
     """Real MetaSchedule candidates (default: a 64x64x64 matmul): design-space samples,
     postprocessed."""
@@ -70,7 +77,7 @@ def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, wor
     from tcl.collect.measure import commit, open_database
     from tcl.features import Featurizer
     from tcl.records.metaschedule import trace_to_steps
-    from tcl.tuner.traces import candidate_steps, trace_library
+    from tcl.tuner.traces import CandidateFeatures, candidate_steps, trace_library
 
     mod, target, _, candidates, programs = dense_candidates(70, workload=workload)
     db = open_database(tmp_path)
@@ -92,6 +99,17 @@ def test_candidate_steps_equal_what_ingest_reads_from_the_database(tmp_path, wor
     x_file, m_file = Featurizer(48)(from_file)
     np.testing.assert_array_equal(x_fast, x_file)
     np.testing.assert_array_equal(m_fast, m_file)
+    # the library's one pass (trace -> the featurizer's rows) gives the same bytes as the
+    # featurizer on the database's steps: 70 candidates (two threads), then 9 (one, the buffer
+    # reused: no row of the larger batch left behind), at the KBs' max_len and a short one
+    for max_len in (48, 12):
+        features = CandidateFeatures(Featurizer(max_len))
+        for rows in (slice(0, 70), slice(3, 12)):
+            x_lib, m_lib = features(candidates[rows])
+            assert features.path == "library"
+            x_ref, m_ref = Featurizer(max_len)(from_file[rows])
+            assert x_lib.dtype == x_ref.dtype and x_lib.shape == x_ref.shape and m_lib.dtype == m_ref.dtype
+            assert x_lib.tobytes() == x_ref.tobytes() and m_lib.tobytes() == m_ref.tobytes()
 
 
 def test_cost_model_scores_equal_the_predictor_on_the_same_features(kb):
@@ -294,3 +312,144 @@ def test_tasks_of_a_network_and_of_a_workload_database():
     (task,) = workload_tasks(fixture_path("metaschedule/dense_256"), 0)
     shash = json.loads((fixture_path("metaschedule/dense_256") / "database_workload.json").read_text())[0]
     assert str(structural_hash(task.mod)) == str(shash) and task.weight == 1.0
+
+
+@pytest.fixture(scope="module")
+def fine_tuned_run(kb_checkpoint, tmp_path_factory):
+    """`tcl tune --fine-tune` of dense_64 (8 trials: one measured batch, one update) from the
+    KB's checkpoint directory: (its database folder, its MLflow store URI, its JSON line)."""
+    d = tmp_path_factory.mktemp("fine-tune")
+    uri = f"sqlite:///{d}/mlflow.db"
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", 8, "--cost-model", "tcl",
+                   "--model", kb_checkpoint, "--fine-tune", "--out", d / "tuned", "--min-repeat-ms", 0,
+                   "--repeat", 1, "--no-progress", "--json", env={"MLFLOW_TRACKING_URI": uri})
+    return d / "tuned", uri, tune_json(proc)
+
+
+def test_tcl_tune_fine_tune_records_the_switch_and_its_updates(fine_tuned_run):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    out, uri, result = fine_tuned_run
+    (task,) = result["tasks"]
+    assert task["trials"] == 8 and 0 < task["best_latency_s"] < 1
+    assert json.loads((out / "tune.json").read_text())["fine_tune"] is True
+    client = MlflowClient(tracking_uri=uri)  # the run's own store (mlflow's default is another test's)
+    (run,) = client.search_runs([client.get_experiment_by_name("tcl-tune").experiment_id])
+    assert run.data.params["fine_tune"] == "True"
+    stats = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/tune_curves.json")["stats"]
+    assert stats["measured"] == 8 and len(stats["fine_tune"]) == 1
+    (update,) = stats["fine_tune"]
+    assert 2 <= update["measured"] <= 8 and update["tasks"] == 1
+    # the loss on the measurements never rises; the model is swapped when it fell
+    assert update["loss_after"] <= update["loss_before"]
+    assert stats["updates"] == int(update["loss_after"] < update["loss_before"])
+
+
+def test_fine_tuning_learns_the_runs_measurements(fine_tuned_run, kb_checkpoint):
+    """update() with the real measurements of a tuning run: the served (ONNX) scores change, the
+    ranking loss of those scores on the measured programs falls, and no score of the previous
+    model is served from the cache afterwards. The programs' features here come from the
+    database file through ingest's reader, not from the tuner."""
+    import orjson
+    import torch
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from tcl.features import Featurizer
+    from tcl.losses import lambdarank_loss
+    from tcl.records.metaschedule import trace_to_steps
+    from tcl.tuner.cost_model import TCLCostModel
+
+    out, _, _ = fine_tuned_run
+    (workload_line,) = (out / "database_workload.json").read_text().splitlines()
+    workload = ms.database.Workload.from_json(json.loads(workload_line))
+    lines = [orjson.loads(line) for line in (out / "database_tuning_record.json").read_text().splitlines()]
+    assert len(lines) == 8
+    candidates, results, latency = [], [], []
+    for line in lines:  # each line: the program, its measurement, and (by hand) its mean latency
+        record = ms.database.TuningRecord.from_json(line[1], workload)
+        sch = Schedule(workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        candidates.append(ms.MeasureCandidate(sch, record.args_info))
+        results.append(ms.runner.RunnerResult(run_secs=record.run_secs, error_msg=None))
+        secs = line[1][1]
+        latency.append(sum(secs) / len(secs) if max(secs) < 1e9 else np.inf)
+    latency = np.array(latency)
+    valid = np.isfinite(latency)
+    assert valid.sum() >= 2
+    x, mask = Featurizer(48)([trace_to_steps(line[1][0]) for line in lines])
+    x, mask = x[valid], mask[valid]
+    y = latency[valid].min() / latency[valid]  # by hand: best in the task / latency
+
+    def loss(scores):
+        return float(lambdarank_loss(torch.from_numpy(scores.astype(np.float64)), torch.from_numpy(y),
+                                     torch.zeros(len(y), dtype=torch.int64)))
+
+    ctx = ms.TuneContext(mod=workload.mod, target=Target({"kind": "llvm", "mcpu": "znver4",
+                                                                     "num-cores": 2}), task_name="dense_64")
+    # a small rate: the first steps on these few near-tied programs lower the loss (larger ones can
+    # overshoot; update() then keeps the start and the model is not swapped)
+    cm = TCLCostModel(str(kb_checkpoint), family=FAMILY, fine_tune=True, fine_tune_params={"steps": 30, "lr": 1e-4})
+    before = cm.predictor.predict(x, mask)
+    served_before = cm.predict(ctx, candidates)
+    cm.update(ctx, candidates, results)
+    after = cm.predictor.predict(x, mask)
+    assert cm.stats.updates == 1 and cm.stats.measured == 8
+    assert np.max(np.abs(after - before)) > 1e-4
+    assert loss(after) < loss(before)
+    (history,) = cm.stats.fine_tune  # the tuner's own account agrees with the served model's scores
+    assert history["measured"] == valid.sum()
+    assert history["loss_after"] == pytest.approx(loss(after), rel=1e-3, abs=1e-6)
+    served = cm.predict(ctx, candidates)
+    assert cm.stats.cached == 0  # the previous model's scores were forgotten
+    np.testing.assert_allclose(served[valid], 1.0 / (1.0 + np.exp(-after.astype(np.float64))), rtol=1e-5)
+    assert not np.allclose(served, served_before)
+
+
+def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.tuner.cost_model import TCLCostModel
+    from tcl.tuner.fine_tune import CheckpointNeeded
+
+    with pytest.raises(CheckpointNeeded, match="needs the KB's torch checkpoint.*an .onnx file"):
+        TCLCostModel(str(kb), family=FAMILY, fine_tune=True)
+    with pytest.raises(CheckpointNeeded, match="no model.pt"):
+        TCLCostModel(str(tmp_path), family=FAMILY, fine_tune=True)  # a folder without a checkpoint
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                    "--cost-model", "tcl", "--model", str(kb), "--fine-tune", "--no-progress",
+                                    "--out", str(tmp_path / "o")])
+    assert res.exit_code == 1 and "torch checkpoint" in res.output
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                    "--cost-model", "random", "--fine-tune", "--no-progress",
+                                    "--out", str(tmp_path / "r")])
+    assert res.exit_code == 1 and "--fine-tune is for --cost-model tcl" in res.output
+
+
+def test_candidate_features_fall_back_to_the_featurizer_for_what_the_library_refuses():
+    """A string with '$' (Ansor's "token$number", whose number Python's float() reads) sends the
+    batch through the steps and the Featurizer; the features are then theirs."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tcl.features import Featurizer
+    from tcl.tuner.traces import CandidateFeatures, candidate_steps, trace_library
+
+    if trace_library() is None:
+        pytest.skip("TCL's trace library is not built")
+    _, _, _, candidates, _ = dense_candidates(3)
+    sch = candidates[0].sch.copy()
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    sch.annotate(block, "pragma_tcl", "auto_unroll_max_step$16")
+    odd = [ms.MeasureCandidate(sch, candidates[0].args_info), *candidates[1:]]
+    features = CandidateFeatures(Featurizer(48))
+    x, mask = features(odd)
+    assert features.path == "steps"
+    steps = candidate_steps(odd, use_library=False)
+    assert ["Annotate", "auto_unroll_max_step$16", "pragma_tcl"] in steps[0]
+    x_ref, m_ref = Featurizer(48)(steps)
+    assert x.tobytes() == x_ref.tobytes() and mask.tobytes() == m_ref.tobytes()
+    features(candidates)  # the next batch takes the library again
+    assert features.path == "library"

@@ -66,9 +66,10 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
                trials_per_iter: int = 16, seeds: tuple[int, ...] = (0,),
                cost_models: tuple[str, ...] = DEFAULT_MODELS, model: str | None = None,
                mlp_model: str | None = None, out_dir: str | os.PathLike = "runs/bench-tune",
-               settings=None, progress: bool = True) -> dict:
+               settings=None, progress: bool = True, fine_tune: bool = False) -> dict:
     """Run the study; returns {"curves": {model: {trials, best_latency_s, seconds}}, "ratios",
-    "cost_model": the KB's speed inside tuning, "runs": per (model, seed) results}."""
+    "cost_model": the KB's speed inside tuning, "runs": per (model, seed) results}. `fine_tune`:
+    the KB fine-tunes on each run's measurements (`tcl tune --fine-tune`)."""
     from tcl.collect.networks import network_tasks
     from tcl.collect.workloads import build_workload, describe, resolve_workload
     from tcl.hardware import get_platform
@@ -84,11 +85,13 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
             task = TuneTask(workload, build_workload(op), 1.0, describe(op), dict(known.weights) if known else {})
             ref = model if name == "tcl" else mlp_model if name == "mlp" else None
             result = tune(platform, [task], trials, name, Path(out_dir) / f"{name}-seed{seed}", model=ref,
-                          seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter)
+                          seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
+                          fine_tune=fine_tune and name == "tcl")
             runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
             curves.append(result["curves"][workload])
         per_model[name] = mean_curve(curves)
     out = {"platform": platform.name, "workload": workload, "trials": trials, "seeds": list(seeds),
+           "fine_tune": fine_tune,
            "curves": {n: {"trials": t, "best_latency_s": b, "seconds": s} for n, (t, b, s) in per_model.items()},
            "runs": runs}
     if "tcl" in per_model:
@@ -102,7 +105,10 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
                              "share_of_tuning": pred / wall if wall else None,
                              "steps_seconds": sum(s["steps_seconds"] for s in stats),
                              "features_seconds": sum(s["features_seconds"] for s in stats),
-                             "score_seconds": sum(s["score_seconds"] for s in stats)}
+                             "score_seconds": sum(s["score_seconds"] for s in stats),
+                             "path": stats[-1]["path"] if stats else "",
+                             "fine_tune_updates": sum(s["updates"] for s in stats),
+                             "update_seconds": sum(s["update_seconds"] for s in stats)}
     return out
 
 
@@ -128,18 +134,21 @@ def format_report(report: dict) -> str:
     if cm and cm["candidates_per_s"]:
         lines.append(f"KB inside tuning: {cm['candidates_scored']} candidates ({cm['cached']} cached) at "
                      f"{cm['candidates_per_s']:.0f}/s (trace->steps {cm['steps_seconds']:.2f} s, features "
-                     f"{cm['features_seconds']:.2f} s, onnxruntime {cm['score_seconds']:.2f} s), "
-                     f"{100 * cm['share_of_tuning']:.1f}% of tuning wall time")
+                     f"{cm['features_seconds']:.2f} s, onnxruntime {cm['score_seconds']:.2f} s; {cm['path']} "
+                     f"path), {100 * cm['share_of_tuning']:.1f}% of tuning wall time")
+        if cm["fine_tune_updates"]:
+            lines.append(f"KB fine-tuned {cm['fine_tune_updates']} times in {cm['update_seconds']:.1f} s")
     return "\n".join(lines)
 
 
 def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates: int = 2048,
                      platform_name: str = "znver4-avx512-t2", seed: int = 0) -> dict:
     """Trace -> feature -> score speed of the KB's cost model on `n_candidates` distinct real
-    candidates (design-space samples, postprocessed), each scored once (no cache), beside two
-    baselines measured in the same run: trace -> steps without the trace library (Python
-    walking the FFI, on 256 of them) and MetaSchedule's own per-store feature extraction of the
-    same candidates (what its XGBoost model reads)."""
+    candidates (design-space samples, postprocessed), each scored once (no cache), beside
+    baselines measured in the same run: the same through the steps (the trace library's steps
+    text, then the Python featurizer: the previous path), trace -> steps without the trace
+    library (Python walking the FFI, on 256 of them) and MetaSchedule's own per-store feature
+    extraction of the same candidates (what its XGBoost model reads)."""
     import time
 
     from tcl.collect.measure import sample_programs, use_x86_intrinsics_only
@@ -159,12 +168,18 @@ def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates:
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     candidates = [ms.MeasureCandidate(sch, args) for sch, _, _ in programs]
     ctx = ms.TuneContext(mod=mod, target=Target(dict(platform.target)))
-    cm = TCLCostModel(model)
-    cm.predict(ctx, candidates[:8])  # sessions warm, converters built
-    cm = TCLCostModel(cm.predictor)
-    start = time.perf_counter()
-    cm.predict(ctx, candidates)
-    tcl_s = time.perf_counter() - start
+    predictor = TCLCostModel(model).predictor
+    for way in ("library", "steps"):  # sessions warm, converters built
+        TCLCostModel(predictor, way=way).predict(ctx, candidates[:8])
+
+    def timed(way: str):
+        cm = TCLCostModel(predictor, way=way)
+        start = time.perf_counter()
+        cm.predict(ctx, candidates)
+        return time.perf_counter() - start, cm.stats
+
+    tcl_s, st = timed("library")
+    steps_s, steps_st = timed("steps")
     extractor = ms.feature_extractor.PerStoreFeature()
     start = time.perf_counter()
     extractor.extract_from(ctx, candidates)
@@ -174,21 +189,29 @@ def bench_cost_model(model: str, workload: str = DEFAULT_WORKLOAD, n_candidates:
     candidate_steps(few, use_library=False)
     python_s = time.perf_counter() - start
     n = len(candidates)
-    st = cm.stats
+
+    def split(s) -> dict:
+        return {"trace_to_steps": 1e6 * s.steps_seconds / n, "features": 1e6 * s.features_seconds / n,
+                "onnxruntime": 1e6 * s.score_seconds / n}
+
     return {"workload": workload, "candidates": n, "trace_library": trace_library() is not None,
-            "tcl_candidates_per_s": n / tcl_s,
-            "tcl_us_per_candidate": {"trace_to_steps": 1e6 * st.steps_seconds / n,
-                                     "features": 1e6 * st.features_seconds / n,
-                                     "onnxruntime": 1e6 * st.score_seconds / n},
+            "path": st.path, "tcl_candidates_per_s": n / tcl_s, "tcl_us_per_candidate": split(st),
+            "steps_path_candidates_per_s": n / steps_s, "steps_path_us_per_candidate": split(steps_st),
             "python_trace_to_steps_us": 1e6 * python_s / len(few),
             "metaschedule_perstore_candidates_per_s": n / perstore_s}
 
 
 def format_cost_model(row: dict) -> str:
-    us = row["tcl_us_per_candidate"]
+    us, old = row["tcl_us_per_candidate"], row["steps_path_us_per_candidate"]
+    if row["path"] == "library":
+        split = f"trace->features in one pass {us['features']:.0f}"
+    else:
+        split = f"trace->steps {us['trace_to_steps']:.0f}, features {us['features']:.0f}"
     return (f"{row['workload']}: {row['candidates']} candidates; TCL cost model "
-            f"{row['tcl_candidates_per_s']:.0f}/s (us per candidate: trace->steps {us['trace_to_steps']:.0f}, "
-            f"features {us['features']:.0f}, onnxruntime {us['onnxruntime']:.0f}; trace library "
-            f"{'on' if row['trace_library'] else 'not built'}); trace->steps from Python alone "
-            f"{row['python_trace_to_steps_us']:.0f} us; baseline, MetaSchedule's per-store feature "
+            f"{row['tcl_candidates_per_s']:.0f}/s (us per candidate: {split}, onnxruntime "
+            f"{us['onnxruntime']:.0f}; trace library {'on' if row['trace_library'] else 'not built'}); "
+            f"baselines in the same run: through the steps {row['steps_path_candidates_per_s']:.0f}/s "
+            f"(trace->steps {old['trace_to_steps']:.0f}, features {old['features']:.0f}, onnxruntime "
+            f"{old['onnxruntime']:.0f}), trace->steps from Python alone "
+            f"{row['python_trace_to_steps_us']:.0f} us, MetaSchedule's per-store feature "
             f"extraction alone: {row['metaschedule_perstore_candidates_per_s']:.0f}/s")

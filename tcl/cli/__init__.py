@@ -23,7 +23,7 @@ _AREAS = {
     "tcl.cli.models": ["train", "evaluate", "summarize", "bench"],
     "tcl.cli.lifecycle": ["export", "register", "promote", "models", "predict"],
     "tcl.cli.sampling": ["sample"],
-    "tcl.cli.continual": ["transfer", "ckd"],
+    "tcl.cli.continual": ["transfer", "ckd", "ckd_study"],
     "tcl.cli.tuning": ["tune"],
 }
 

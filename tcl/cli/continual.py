@@ -1,5 +1,6 @@
 """`tcl transfer` (a new platform into a family's KB) and `tcl ckd` (a family's KB over its
-platforms): thin commands over tcl.continual.schedule, with the registry on either side."""
+platforms): thin commands over tcl.continual.schedule, with the registry on either side; `tcl
+ckd-study` (pipelines/continual's stages) over tcl.continual.study."""
 
 from __future__ import annotations
 
@@ -125,3 +126,71 @@ def ckd(family, out, platforms, splits_dir, params_path, as_json):
     click.echo(f"{family}: KB over {', '.join(names)} -> {summary['checkpoint']} (run {summary['run_id']})")
     for p, m in summary["kb_held_out"].items():
         click.echo(f"  {p}: top-1 {m['top1']:.4f} top-5 {m['top5']:.4f}")
+
+
+@click.group("ckd-study")
+def ckd_study():
+    """The CKD studies (pipelines/continual): source KBs and one transfer variant per run."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+_study_opts = [
+    click.option("--seed", type=int, required=True, help="train.seed of every phase and model"),
+    click.option("--study-params", "study_path", default="pipelines/continual/params.yaml", show_default=True,
+                 help="the study's params (families: target, subset, source sets; the runs' sizes)"),
+    click.option("--params", "params_path", default="params.yaml", show_default=True),
+    click.option("--splits", "splits_dir", default="data/splits", show_default=True,
+                 help="directory holding <platform>/{train,valid,test}.npz"),
+]
+
+
+def _with_study_opts(fn):
+    for opt in reversed(_study_opts):
+        fn = opt(fn)
+    return fn
+
+
+@ckd_study.command("sources")
+@click.argument("family")
+@click.option("--sources", "source_set", required=True, help="a source set of the family (same | cross | all)")
+@click.option("--from", "start", type=click.Path(exists=True, file_okay=False), default=None,
+              help="a source KB of this study whose platforms begin the set (all: the cross KB)")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="output dir (model.pt, study.json)")
+@_with_study_opts
+def ckd_study_sources(family, source_set, start, out, seed, study_path, params_path, splits_dir):
+    """The KB of FAMILY's source set through the CKD schedule (whole training splits)."""
+    from tcl.continual.schedule import ContinualError
+    from tcl.continual.study import StudyError, learn_sources
+
+    try:
+        r = learn_sources(family, source_set, _params(params_path), _params(study_path), seed, out,
+                          splits_dir, start=start)
+    except (StudyError, ContinualError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{family} {source_set} s{seed}: KB of {', '.join(r['platforms'])} -> {out} ({r['seconds']:.0f} s); "
+               + ", ".join(f"{p} top-1 {m['top1']:.3f}" for p, m in r["kb_held_out"].items()))
+
+
+@ckd_study.command("run")
+@click.argument("family")
+@click.option("--variant", required=True, help="scratch-10 | scratch-100 | finetune | mtl | ckd | ckd-fixed-phi | "
+                                               "ckd-no-ewc | ckd-no-kd")
+@click.option("--sources", "source_set", default="same", show_default=True, help="the source set (same | cross | all)")
+@click.option("--source-kb", type=click.Path(exists=True, file_okay=False), default=None,
+              help="the source set's KB (`tcl ckd-study sources`); finetune and the ckd variants start from it")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="metrics JSON")
+@_with_study_opts
+def ckd_study_run(family, variant, source_set, source_kb, out, seed, study_path, params_path, splits_dir):
+    """One transfer VARIANT to FAMILY's target (its subset), scored on the target's test split."""
+    from tcl.continual.schedule import ContinualError
+    from tcl.continual.study import StudyError, run_variant
+
+    try:
+        r = run_variant(variant, family, _params(params_path), _params(study_path), seed, out, sources=source_set,
+                        source_kb=source_kb, splits_dir=splits_dir)
+    except (StudyError, ContinualError) as exc:
+        raise click.ClickException(str(exc)) from None
+    drops = ", ".join(f"{p} {d:+.3f}" for p, d in r["sources_top1_drop"].items())
+    click.echo(f"{family} {variant} ({source_set}) s{seed}: {r['platform']} top-1 {r['top1']:.3f} "
+               f"top-5 {r['top5']:.3f} task top-1 {r['task_top1']:.3f} ({r['seconds']:.0f} s)"
+               + (f"; source top-1 drop {drops}" if drops else ""))

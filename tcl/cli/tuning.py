@@ -61,6 +61,9 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--model", default=None,
               help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production); "
                    "mlp: a trained mlp-tenset model.")
+@click.option("--fine-tune", is_flag=True,
+              help="tcl: fine-tune the KB on the run's measurements after each batch (needs its checkpoint: "
+                   "a models:/ URI or a checkpoint file/directory as --model; params.yaml tune.fine_tune).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
 @click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
@@ -71,8 +74,8 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--experiment", default=TUNE_EXPERIMENT, show_default=True, help="MLflow experiment.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
-def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, seed, out,
-         rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
+def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, fine_tune, seed,
+         out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
     from ..hardware import get_platform
@@ -89,15 +92,23 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     from ..registry import TclRegistryError
     from ..tuner.tune import tune as run_tune
 
-    params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "trials": trials,
-              "seed": seed, "tasks": len(tasks), "out": out, "rpc_key": rpc_key or ""}
+    fine_tune_settings = {}
+    if fine_tune:
+        from ..tuner.fine_tune import fine_tune_params
+
+        try:
+            fine_tune_settings = {f"fine_tune_{k}": v for k, v in fine_tune_params().items()}
+        except ValueError as exc:
+            _fail(str(exc))
+    params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,
+              **fine_tune_settings, "trials": trials, "seed": seed, "tasks": len(tasks), "out": out, "rpc_key": rpc_key or ""}
     with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
         import mlflow
 
         mlflow.log_params(params)
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
-                              settings=settings, progress=progress)
+                              settings=settings, progress=progress, fine_tune=fine_tune)
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])
             _fail(str(exc), 1)

@@ -16,7 +16,8 @@ does. The teacher is frozen for the whole phase, so its targets are computed onc
 
 A KB that ranks D_t no better than chance (q_t ≤ 0; negative transfer) teaches at the floor only;
 one with q_t ≥ trust starts at full weight; either way the teaching fades over the epochs while
-the AC's own data takes over. Constants: params.yaml ``continual.phi``.
+the AC's own data takes over. Constants: params.yaml ``continual.phi``; ``fixed`` (a number)
+replaces the rule by a constant Φ_t (the ablation without a dynamic Φ; null: the rule).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from tcl import metrics as M
 
-DEFAULT_PHI = {"trust": 0.5, "floor": 0.1, "decay": 0.9}
+DEFAULT_PHI = {"trust": 0.5, "floor": 0.1, "decay": 0.9, "fixed": None}
 
 
 def teacher_targets(scores: np.ndarray, task: np.ndarray, sharpness: float = 1.0) -> np.ndarray:
@@ -73,5 +74,9 @@ def phi_at(epoch: int, quality: float, phi: dict) -> float:
     floor, decay, trust = float(p["floor"]), float(p["decay"]), float(p["trust"])
     if not (0.0 <= floor <= 1.0 and 0.0 < decay <= 1.0 and trust > 0):
         raise ValueError(f"continual.phi needs 0 <= floor <= 1, 0 < decay <= 1, trust > 0 (got {p})")
+    if p["fixed"] is not None:
+        if not 0.0 <= float(p["fixed"]) <= 1.0:
+            raise ValueError(f"continual.phi.fixed must be null or in [0, 1], not {p['fixed']!r}")
+        return float(p["fixed"])
     start = min(max(quality / trust, 0.0), 1.0) if math.isfinite(quality) else 0.0
     return max(floor, start * decay ** int(epoch))

@@ -33,7 +33,8 @@ early-stopping metric), then ``continual.cl`` / ``continual.kd`` (``kd_first`` o
 family's first platform).
 
 * :func:`run_schedule`: a family's KB from its platforms in order (source CL → source KD → … →
-  target CL → target KD); one MLflow parent run, a nested run per phase.
+  target CL → target KD), from nothing or continuing a KB; one MLflow parent run, a nested run
+  per phase.
 * :func:`transfer`: one new platform into an existing KB (`tcl transfer`).
 
 Every phase logs each loss term (``loss_task``, ``loss_distill``, ``loss_ewc``), Φ (``phi``) and
@@ -127,10 +128,15 @@ class PlatformData:
     valid: object = None
     test: object = None
     train_file: str | None = None  # where `train` was read from (logged with the runs that train on it)
+    # when set, what the per-epoch seen-platform metrics are read on (a study's curves on the held-out
+    # split: reported only; early stopping and the KD guard read `valid`)
+    curve: object = None
 
     @property
     def monitor(self):
-        """What the per-epoch seen-platform metrics are read on: validation, else test."""
+        """What the per-epoch seen-platform metrics are read on: `curve`, else validation, else test."""
+        if self.curve is not None:
+            return self.curve
         return self.valid if self.valid is not None else self.test
 
     @property
@@ -337,7 +343,9 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform,
                                                    "data": data.train_file, "beta": cfg["beta"],
                                                    **_flat("phi", cfg["phi"]), **_flat("train", cl_p)}) as run:
-        report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-cl-{data.platform}", track)
+        cl_dir = out_dir / f"{step:02d}-cl-{data.platform}"
+        report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, cl_dir, track)
+        report["ac_checkpoint"] = str(cl_dir / MODEL_FILE)  # the AC after CL (the phase's kept epoch)
         report["runs"]["cl"] = run.info.run_id if run else None
 
     ewc = EWCState.from_model(kb) if kb is not None else None
@@ -347,7 +355,8 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
                                                    "data": data.train_file, "lambda_ewc": cfg["lambda_ewc"],
                                                    "ewc": ewc is not None,
                                                    **_flat("train", kd_p)}) as run:
-        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, out_dir / f"{step:02d}-kd-{data.platform}", track)
+        kd_dir = out_dir / f"{step:02d}-kd-{data.platform}"
+        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track)
         report["runs"]["kd"] = run.info.run_id if run else None
         if run:
             import mlflow
@@ -378,14 +387,19 @@ def _save_kb(kb, out: Path, extra: dict) -> Path:
 
 
 def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: str | os.PathLike,
-                 track: bool = True) -> dict:
+                 track: bool = True, start=None, learned: list[PlatformData] = ()) -> dict:
     """A family's KB learned over `platforms` in order (each: AC start, CL, KD). Writes
     ``out/model.pt`` (the KB with its EWC state), ``out/mlflow_run.json`` and
     ``out/continual.json``: per platform Φ, the runs, and the KB's held-out top-1/top-5 on every
-    seen platform after it (forgetting). One MLflow parent run when `track`."""
+    seen platform after it (forgetting). One MLflow parent run when `track`.
+
+    `start`: a KB to continue (its EWC state with it) instead of a fresh one; `learned`: the
+    platforms it already knows, seen by every later phase (AC start, forgetting, KD guard) as
+    if learned earlier in this schedule."""
     cfg = settings(params)
     if not platforms:
         raise ContinualError(f"family {family!r}: no platforms to learn")
+    learned = list(learned)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names = [d.platform for d in platforms]
@@ -395,7 +409,7 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
 
         ctx = tracking.start_run(cfg["experiment"], run_name=f"ckd-{family}",
                                  tags={"family": family, "platforms": ",".join(names), "schedule": "ckd"})
-    kb, reports = None, []
+    kb, reports = start, []
     train_data = {d.platform: train_data_info(d) for d in platforms}
     with ctx as parent:
         run_id = parent.info.run_id if parent else None
@@ -408,15 +422,18 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
             for d in platforms:
                 log_training_data(d, train_data[d.platform])
         for i, data in enumerate(platforms):
-            kb, _, report = learn_platform(kb, data, platforms[:i + 1], params, cfg, out / "phases", i, track)
-            report["kb_held_out"] = held_out_metrics(kb, platforms[:i + 1])
+            seen = [*learned, *platforms[:i + 1]]
+            step = len(learned) + i
+            kb, _, report = learn_platform(kb, data, seen, params, cfg, out / "phases", step, track)
+            report["kb_held_out"] = held_out_metrics(kb, seen)
             reports.append(report)
             if parent:
                 import mlflow
 
                 mlflow.log_metrics({f"kb_{p}_top1": m["top1"] for p, m in report["kb_held_out"].items()}, step=i)
         ckpt = _save_kb(kb, out, {"run_id": run_id, "family": family})
-    summary = json_safe({"family": family, "platforms": names, "run_id": run_id, "checkpoint": str(ckpt),
+    summary = json_safe({"family": family, "platforms": names, "learned": [d.platform for d in learned],
+                         "run_id": run_id, "checkpoint": str(ckpt),
                          "phi": {r["platform"]: r["cl"]["phi"] for r in reports},
                          "kb_held_out": reports[-1]["kb_held_out"], "train_data": train_data,
                          "per_platform": reports})

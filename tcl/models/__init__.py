@@ -1,8 +1,9 @@
 """Cost models and the one registry of their kinds.
 
 Every kind implements ``tcl.models.base.CostModel`` (fit / predict / embed / save / load):
-``mamba``, ``mlp``, ``tlp`` (torch nets, ``nets.py``; the Mamba block in ``mamba.py``) and ``xgb``
-(``xgb.py``) on step sequences; ``xgb-ms`` (``ms_xgb.py``) and ``mlp-tenset`` (``tenset_mlp.py``),
+``mamba``, ``mlp``, ``tlp`` (torch nets, ``nets.py``; the Mamba block in ``mamba.py``), ``mtl``
+(a Mamba backbone with one head per platform, ``multihead.py``) and ``xgb`` (``xgb.py``) on step
+sequences; ``xgb-ms`` (``ms_xgb.py``) and ``mlp-tenset`` (``tenset_mlp.py``),
 the baselines as their libraries define them, on MetaSchedule's per-store features. Callers
 build, load and configure models through the functions here and never branch on the kind.
 
@@ -44,11 +45,18 @@ def _tenset_mlp(kind: str) -> type[CostModel]:
     return TensetMLPModel
 
 
+def _multihead(kind: str) -> type[CostModel]:
+    from tcl.models.multihead import MultiHeadModel
+
+    return MultiHeadModel
+
+
 # kind -> its CostModel class, loaded on first use
 _KINDS = {
     "mamba": _net, "mlp": _net, "tlp": _net, "xgb": _xgb,   # step sequences (FeatureSet)
     "xgb-ms": _ms_xgb,           # MetaSchedule's XGBModel on per-store features (PerStoreSet)
     "mlp-tenset": _tenset_mlp,   # Tenset's segment-sum MLP on per-store features (PerStoreSet)
+    "mtl": _multihead,           # a Mamba backbone with one head per platform (MTL-TLP's transfer baseline)
 }
 KINDS: tuple[str, ...] = tuple(_KINDS)
 MODEL_FILES = ("model.pt", "model.json")  # what `fit` writes into its output directory

@@ -470,6 +470,11 @@ class NetCostModel(CostModel):
         with _inference(self.net, False):
             return self.net.pool(xt, mt).float().numpy()
 
+    def score_batch(self, x: torch.Tensor, mask: torch.Tensor, platform: str | None = None) -> torch.Tensor:
+        """Scores (B,) of a training batch of one platform's programs, with autograd (a kind with
+        one head per platform, tcl.models.multihead, scores with `platform`'s)."""
+        return self.net(x, mask)
+
     def fit(self, train_sets, valid_sets, train_params, out_dir, run=None, progress=None,
             resume=True, trainable=None, extra_losses=None) -> list[dict]:
         from tcl.training import fit_net

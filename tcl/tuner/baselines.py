@@ -74,15 +74,20 @@ class TensetMLPCostModel(PyCostModel):
         return positive_scores(raw)  # the KB's fixed increasing map: MetaSchedule wants scores >= 0
 
 
-def make_cost_model(kind: str, model: str | None, family: str | None, seed: int, threads: int):
-    """(the MetaSchedule cost model, its PredictStats or None) for `kind` in COST_MODELS."""
+def make_cost_model(kind: str, model: str | None, family: str | None, seed: int, threads: int,
+                    fine_tune: bool = False):
+    """(the MetaSchedule cost model, its PredictStats or None) for `kind` in COST_MODELS;
+    `fine_tune`: the KB learns from the run's measurements (tcl only)."""
     from tvm.s_tir import meta_schedule as ms
 
     if kind == "tcl":
         from tcl.tuner.cost_model import TCLCostModel
 
-        cm = TCLCostModel(model or f"models:/tcl-kb-{family}@production", family=family, threads=threads)
+        cm = TCLCostModel(model or f"models:/tcl-kb-{family}@production", family=family, threads=threads,
+                          fine_tune=fine_tune)
         return cm, cm.stats
+    if fine_tune:
+        raise ValueError(f"--fine-tune is for --cost-model tcl ({kind} {'learns online' if kind == 'xgb' else 'does not learn'})")
     if kind == "mlp":
         if not model:
             raise ValueError("--cost-model mlp needs --model: a trained mlp-tenset model (file or directory)")

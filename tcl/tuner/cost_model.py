@@ -3,9 +3,11 @@
     cm = TCLCostModel("models:/tcl-kb-amd-zen4-avx512@production")   # or a .onnx file
     ms.tune_tasks(..., cost_model=cm)
 
-`predict` turns each candidate's trace into the steps `tcl ingest` makes of its database line
-(tcl.tuner.traces), encodes them with the project's featurizer (tcl.features.Featurizer, at the
-model's max_len) and scores them with tcl.serving's Predictor. The KB ranks (LambdaRank scores of
+`predict` encodes each candidate's trace as the project's featurizer (tcl.features.Featurizer, at
+the model's max_len) encodes the steps `tcl ingest` makes of its database line
+(tcl.tuner.traces.CandidateFeatures: in one pass of TCL's trace library where built) and scores
+them with tcl.serving's Predictor, `CHUNK` candidates at a time (the features of a chunk stay in
+cache, and their buffer is reused). The KB ranks (LambdaRank scores of
 any sign); MetaSchedule wants a non-negative "normalised throughput" (it clamps negatives to 0
 and samples parents in proportion to the score), and compares scores of different calls in one
 heap, so each score goes through one fixed increasing map, the logistic function.
@@ -13,23 +15,30 @@ heap, so each score goes through one fixed increasing map, the logistic function
 A schedule the search carries unchanged into its next generation is the same trace object: its
 score is kept by the object (held, so its address cannot be reused) and not computed again.
 Counters (`stats`): predict calls, candidates scored, of them served from that cache, and
-seconds spent in predict, split into trace -> steps, steps -> features and scoring.
+seconds spent in predict, split into trace -> steps, steps -> features and scoring (with the
+trace library, trace -> features is one pass, counted as `features_seconds`).
+
+With `fine_tune`, `update` fine-tunes the KB's torch net on the run's measurements so far
+(tcl.tuner.fine_tune; torch is imported then, never otherwise), serves the re-exported ONNX
+model and forgets the cached scores.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 
 from tcl.features import Featurizer
+from tcl.records import FAILED_LATENCY
 from tcl.serving import Predictor, load_predictor
-from tcl.tuner.traces import candidate_steps
+from tcl.tuner.traces import CandidateFeatures
 
 CACHE_LIMIT = 50_000  # traces whose scores are kept (a generation is 512; the search runs 5 a round)
+CHUNK = 512  # candidates featurized and scored together (a generation; its features ~8 MB)
 
 
 @dataclass
@@ -44,6 +53,10 @@ class PredictStats:
     features_seconds: float = 0.0   # steps -> (x, mask)
     score_seconds: float = 0.0      # onnxruntime
     measured: int = 0               # candidates whose measurements update() was handed
+    path: str = ""                  # trace -> features: "library" (one pass), "steps" or "python"
+    updates: int = 0                # fine-tuning updates (the model swapped)
+    update_seconds: float = 0.0     # in them: features, training, export, new session
+    fine_tune: list = field(default_factory=list)  # per update: measured, loss before/after, seconds
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -65,22 +78,36 @@ def positive_scores(raw: np.ndarray) -> np.ndarray:
 class TCLCostModel(PyCostModel):
     """A registered KB (or an .onnx file) as a MetaSchedule cost model.
 
-    `model`: a ``models:/`` URI, an ``.onnx`` file, or a loaded Predictor. `family`: refuse a
-    model of another hardware family. `fine_tune`: learn from this run's measurements, not
-    implemented: the KB is exported to ONNX, and fine-tuning needs its checkpoint and torch.
+    `model`: a ``models:/`` URI, an ``.onnx`` file, or a loaded Predictor; with `fine_tune`, a
+    ``models:/`` URI or a checkpoint (file or training directory). `family`: refuse a model of
+    another hardware family. `fine_tune`: learn from this run's measurements in `update`
+    (settings: `fine_tune_params`, over params.yaml ``tune.fine_tune``). `way`: how traces become
+    features (tcl.tuner.traces.CandidateFeatures: "library", "steps" or "python").
     """
 
-    def __init__(self, model, family: str | None = None, threads: int = 2, fine_tune: bool = False):
+    def __init__(self, model, family: str | None = None, threads: int = 2, fine_tune: bool = False,
+                 fine_tune_params: dict | None = None, way: str = "library"):
         super().__init__()
+        self.threads = threads
+        self.stats = PredictStats()
+        self.fine_tuner = None
         if fine_tune:
-            raise NotImplementedError("fine-tuning the KB on a tuning run's measurements is not "
-                                      "implemented; tune with the KB as registered")
+            from tcl.tuner.fine_tune import CheckpointNeeded, KBFineTuner
+
+            if isinstance(model, Predictor):
+                raise CheckpointNeeded("fine-tuning needs the KB's torch checkpoint, not a loaded Predictor")
+            if family is None:
+                raise ValueError("fine-tuning needs the hardware family (the ONNX export carries it)")
+            self.fine_tuner = KBFineTuner.from_source(model, family, fine_tune_params)
+            self.stats.fine_tune = self.fine_tuner.history
+            if not str(model).startswith("models:/"):  # a checkpoint: served as exported now
+                model = Predictor(self.fine_tuner.export(), source=str(model), threads=threads)
         self.predictor: Predictor = (model if isinstance(model, Predictor)
                                      else load_predictor(model, expected_family=family, threads=threads))
         self.featurizer = Featurizer(self.predictor.max_len)
         # the featurizer must be the one the KB was trained with (version, shape, vocabulary)
         self.predictor.check_features(self.featurizer.meta, family=self.predictor.family)
-        self.stats = PredictStats()
+        self.features = CandidateFeatures(self.featurizer, way)
         self._scores: dict[tuple[int, int], float] = {}
         self._held: list = []  # the traces whose addresses key self._scores
 
@@ -94,6 +121,23 @@ class TCLCostModel(PyCostModel):
 
     def update(self, context, candidates, results) -> None:
         self.stats.measured += len(candidates)
+        if self.fine_tuner is None or not candidates:
+            return
+        start = time.perf_counter()
+        latency = np.array([_mean_latency(r) for r in results], np.float64)
+        x, mask = self.features(candidates)
+        task = str(context.task_name) if context.task_name else str(context.mod.__chandle__())
+        self.fine_tuner.add(task, x, mask, latency)
+        onnx_bytes = self.fine_tuner.update()
+        if onnx_bytes is not None:
+            old = self.predictor
+            self.predictor = Predictor(onnx_bytes, source=f"{old.source} (fine-tuned)",
+                                       registry_info=old.registry_info, threads=self.threads)
+            old.close()
+            self._scores.clear()  # scored by the previous model
+            self._held.clear()
+            self.stats.updates += 1
+        self.stats.update_seconds += time.perf_counter() - start
 
     def predict(self, context, candidates) -> np.ndarray:
         start = time.perf_counter()
@@ -105,27 +149,38 @@ class TCLCostModel(PyCostModel):
         for i, k in enumerate(keys):
             if k in self._scores:
                 out[i] = self._scores[k]
-        if todo:
+        if len(self._scores) + len(todo) > CACHE_LIMIT:
+            self._scores.clear()
+            self._held.clear()
+        st = self.stats
+        for a in range(0, len(todo), CHUNK):
+            rows = todo[a:a + CHUNK]
             t0 = time.perf_counter()
-            steps = candidate_steps(candidates[i] for i in todo)
+            x, mask = self.features([candidates[i] for i in rows])
             t1 = time.perf_counter()
-            x, mask = self.featurizer(steps)
-            t2 = time.perf_counter()
             scores = positive_scores(self.predictor.predict(x, mask))
-            t3 = time.perf_counter()
-            out[todo] = scores
-            if len(self._scores) + len(todo) > CACHE_LIMIT:
-                self._scores.clear()
-                self._held.clear()
-            for i, s in zip(todo, scores):
+            t2 = time.perf_counter()
+            out[rows] = scores
+            for i, s in zip(rows, scores):
                 self._scores[keys[i]] = float(s)
                 self._held.append(traces[i])
-            st = self.stats
-            st.steps_seconds += t1 - t0
-            st.features_seconds += t2 - t1
-            st.score_seconds += t3 - t2
-        self.stats.predict_calls += 1
-        self.stats.candidates_scored += n
-        self.stats.cached += n - len(todo)
-        self.stats.predict_seconds += time.perf_counter() - start
+            st.path = self.features.path
+            if st.path == "library":
+                st.features_seconds += t1 - t0
+            else:
+                st.steps_seconds += self.features.steps_seconds
+                st.features_seconds += t1 - t0 - self.features.steps_seconds
+            st.score_seconds += t2 - t1
+        st.predict_calls += 1
+        st.candidates_scored += n
+        st.cached += n - len(todo)
+        st.predict_seconds += time.perf_counter() - start
         return out
+
+
+def _mean_latency(result) -> float:
+    """A RunnerResult's mean latency in seconds; inf for a failed build or run."""
+    if result.error_msg is not None or not result.run_secs:
+        return float("inf")
+    secs = [float(s) for s in result.run_secs]
+    return sum(secs) / len(secs) if max(secs) < FAILED_LATENCY else float("inf")

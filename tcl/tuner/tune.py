@@ -124,10 +124,11 @@ def _write_tasks_json(out: Path, tasks: list[TuneTask]) -> None:
 def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str, out: str | os.PathLike,
          model: str | None = None, seed: int = 0, rpc: RpcSettings | None = None,
          settings: MeasureSettings | None = None, progress: bool = True,
-         trials_per_iter: int = TRIALS_PER_ITER) -> dict:
+         trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False) -> dict:
     """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
-    plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``."""
+    plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
+    `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch."""
     use_x86_intrinsics_only()
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
@@ -141,14 +142,15 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     settings = settings or MeasureSettings()
     out = Path(out)
     cores = max(1, int(platform.target.get("num-cores", 1)))
-    cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores)
+    cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune)
     runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
     database = open_database(out)
     _write_tasks_json(out, tasks)
     atomic_write_json(out / "tune.json", {
         "platform": platform.name, "family": platform.family, "target": platform.target,
-        "threads": platform.threads, "cost_model": cost_model, "model": model, "trials": trials,
+        "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
+        "fine_tune_params": _fine_tune_params() if fine_tune else None, "trials": trials,
         "seed": seed, "settings": settings.as_dict(), "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
@@ -187,6 +189,12 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "predict_seconds": s.get("predict_seconds"),
         "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s,
     }
+
+
+def _fine_tune_params() -> dict:
+    from tcl.tuner.fine_tune import fine_tune_params
+
+    return fine_tune_params()
 
 
 def _tvm_version() -> str:

@@ -1,0 +1,194 @@
+"""Fine-tuning the KB on a tuning run's own measurements (`tcl tune --fine-tune`, off by default).
+
+    tuner = KBFineTuner.from_source("models:/tcl-kb-amd-zen4-avx512@production", family)
+    tuner.add("dense_64", x, mask, latency)      # each measured batch: features and mean latency
+    onnx_bytes = tuner.update()                  # a few steps on every measurement so far
+
+The KB is trained offline; inside a run its own measurements are the closest data there is to
+the programs it must rank next. `update` takes `steps` Adam steps (lr `lr`, a small one: the KB
+should not forget the platform for one task's few hundred programs) on the run's measurements so
+far, with the loss training uses (per-task LambdaRank: only programs of one task are compared,
+labels min latency in the task / latency), then exports the net to ONNX in memory for the
+tuner's onnxruntime session. The torch checkpoint comes from the registered version (its
+``checkpoint.pt``) or a checkpoint file / training directory; an ``.onnx`` file alone cannot be
+fine-tuned. Settings: params.yaml ``tune.fine_tune`` over `DEFAULT_FINE_TUNE`.
+
+Imports torch: loaded only when fine-tuning is asked for (tcl.tuner.cost_model imports this
+module lazily; the tuner's default path stays torch-free).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tcl.features import task_labels
+
+DEFAULT_FINE_TUNE = {
+    "steps": 20,          # Adam steps per update (each measured batch)
+    "lr": 5e-4,           # below training's 7e-4: the KB keeps what it learned offline
+    "batch_size": 512,    # programs per step, drawn from all measurements so far
+    "loss": "lambdarank",  # tcl.losses: per-task ranking, as training
+    "seed": 0,
+    "threads": 1,         # torch threads: the builder and runner share the cores
+}
+
+
+class CheckpointNeeded(ValueError):
+    """Fine-tuning was asked of a model given without its torch checkpoint."""
+
+
+def fine_tune_params(overrides: dict | None = None) -> dict:
+    """`DEFAULT_FINE_TUNE`, then params.yaml ``tune.fine_tune``, then `overrides`; unknown keys raise."""
+    from tcl.config import load_params
+
+    section = ((load_params(required=False).get("tune") or {}).get("fine_tune") or {})
+    p = {**DEFAULT_FINE_TUNE, **section, **(overrides or {})}
+    unknown = set(p) - set(DEFAULT_FINE_TUNE)
+    if unknown:
+        raise ValueError(f"unknown fine-tuning settings {sorted(unknown)} (known: {sorted(DEFAULT_FINE_TUNE)})")
+    return p
+
+
+def checkpoint_source(model: str | os.PathLike, family: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:
+    """The torch checkpoint behind `model`: a ``models:/`` URI's registered ``checkpoint.pt``, or a
+    checkpoint file / training directory. CheckpointNeeded for an ``.onnx`` file (or a folder of
+    one) and for anything without a checkpoint."""
+    from tcl.registry import TclRegistryError, kb_checkpoint
+
+    ref = str(model)
+    if not ref.startswith("models:/") and Path(ref).suffix == ".onnx":
+        raise CheckpointNeeded(f"{ref}: fine-tuning needs the KB's torch checkpoint, and an .onnx file "
+                               "has only the exported graph; give a models:/ URI (the registered version "
+                               "carries checkpoint.pt) or the checkpoint (model.pt or its training directory)")
+    try:
+        return kb_checkpoint(ref, family, dst_dir)
+    except TclRegistryError as exc:
+        raise CheckpointNeeded(f"fine-tuning needs the KB's torch checkpoint: {exc}") from None
+
+
+class KBFineTuner:
+    """A KB's torch net, the run's measurements and an optimizer kept across updates."""
+
+    def __init__(self, model, family: str, params: dict | None = None, source: str = ""):
+        import torch
+
+        from tcl.losses import get_loss
+
+        if not getattr(model, "onnx_export", False) or not hasattr(model, "net"):
+            raise CheckpointNeeded(f"{source or 'model'}: a {model.kind} model, not a torch net the tuner can "
+                                   "fine-tune and serve")
+        self.model, self.family, self.source = model, family, source
+        self.p = fine_tune_params(params)
+        self.loss_fn = get_loss(self.p["loss"])
+        torch.set_num_threads(int(self.p["threads"]))
+        self.optimizer = torch.optim.Adam([q for q in model.net.parameters() if q.requires_grad],
+                                          lr=float(self.p["lr"]))
+        self.rng = np.random.default_rng(int(self.p["seed"]))
+        self._x: list[np.ndarray] = []
+        self._mask: list[np.ndarray] = []
+        self._latency: list[np.ndarray] = []
+        self._task: list[np.ndarray] = []
+        self.tasks: dict[str, int] = {}
+        self.history: list[dict] = []  # per update: measured, loss before/after, seconds
+        self._start = _state(model.net)  # the weights the next update starts from
+
+    @classmethod
+    def from_source(cls, model: str | os.PathLike, family: str, params: dict | None = None) -> "KBFineTuner":
+        """The KB at `model` (see `checkpoint_source`), loaded for fine-tuning."""
+        from tcl.models import load_model
+
+        with tempfile.TemporaryDirectory(prefix="tcl-finetune-") as tmp:
+            path, _ = checkpoint_source(model, family, tmp)
+            try:
+                kb = load_model(path)
+            except (ValueError, KeyError, RuntimeError) as exc:
+                raise CheckpointNeeded(f"{path}: not a TCL checkpoint ({exc})") from None
+        return cls(kb, family, params, source=str(model))
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._task)
+
+    def add(self, task: str, x: np.ndarray, mask: np.ndarray, latency: np.ndarray) -> None:
+        """Measured programs of `task`: features (copied) and mean latencies in seconds (finite, > 0)."""
+        latency = np.asarray(latency, np.float64)
+        keep = np.isfinite(latency) & (latency > 0)
+        if not keep.any():
+            return
+        index = self.tasks.setdefault(task, len(self.tasks))
+        self._x.append(np.array(x[keep], np.float32))
+        self._mask.append(np.array(mask[keep], bool))
+        self._latency.append(latency[keep])
+        self._task.append(np.full(int(keep.sum()), index, np.int64))
+
+    def measured(self):
+        """(x, mask, y, task) of every measurement so far; y = min latency in its task / latency."""
+        task = np.concatenate(self._task)
+        return (np.concatenate(self._x), np.concatenate(self._mask),
+                task_labels(task, np.concatenate(self._latency)), task)
+
+    def loss(self) -> float:
+        """The ranking loss of the current net on every measurement so far (eval mode, float64)."""
+        import torch
+
+        x, mask, y, task = self.measured()
+        scores = torch.from_numpy(self.model.predict(x, mask))
+        return float(self.loss_fn(scores, torch.from_numpy(y).double(), torch.from_numpy(task)))
+
+    def update(self) -> bytes | None:
+        """`steps` steps on the measurements so far, then the net as ONNX bytes (None: the net
+        did not change: fewer than two programs measured, or no step lowered the loss).
+
+        The weights kept are those with the lowest loss on all the measurements among the start,
+        the end and (when a step's batch is all of them) every step between: LambdaRank's weights
+        follow the current ranking, so its loss is not monotone in its own steps, and on a few
+        near-tied programs a step can swap them for the worse (training keeps its best epoch for
+        the same reason). The loss never rises; where no step lowered it the net is unchanged.
+        """
+        import torch
+
+        if len(self) < 2:
+            return None
+        start = time.perf_counter()
+        x, mask, y, task = self.measured()
+        before = self.loss()
+        net, bs = self.model.net, int(self.p["batch_size"])
+        best_loss, best_state = before, None
+        net.train()
+        for _ in range(int(self.p["steps"])):
+            full = len(y) <= bs
+            rows = np.arange(len(y)) if full else np.sort(self.rng.choice(len(y), bs, replace=False))
+            scores = net(torch.from_numpy(x[rows]), torch.from_numpy(mask[rows]))
+            loss = self.loss_fn(scores, torch.from_numpy(y[rows]), torch.from_numpy(task[rows]))
+            if not torch.isfinite(loss):
+                continue  # a non-finite loss would poison the weights
+            if full and float(loss.detach()) < best_loss:
+                best_loss, best_state = float(loss.detach()), _state(net)  # the weights before this step
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        net.eval()
+        after = self.loss()
+        if after >= best_loss:  # an earlier point (or the start) was better: back to it
+            net.load_state_dict(best_state if best_state is not None else self._start)
+            after = best_loss
+        self._start = _state(net)
+        trained = time.perf_counter()
+        data = self.export() if after < before else None
+        self.history.append({"measured": len(y), "tasks": len(self.tasks), "loss_before": before,
+                             "loss_after": after, "train_seconds": trained - start,
+                             "export_seconds": time.perf_counter() - trained})
+        return data
+
+    def export(self) -> bytes:
+        from tcl.export import export_bytes
+
+        return export_bytes(self.model, self.family, source_run=str(self.model.extra.get("run_id") or ""))
+
+
+def _state(net) -> dict:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
