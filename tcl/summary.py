@@ -91,3 +91,17 @@ def bar_rows(rows: list[dict]) -> list[dict]:
              "top1": round(r["top1"]["mean"], 4) if r.get("top1") else None,
              "top5": round(r["top5"]["mean"], 4) if r.get("top5") else None}
             for r in rows]
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (laid out, 110 dpi), the figure closed: the study
+    summaries write them with tcl.io.atomic_write_bytes."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()

@@ -19,7 +19,6 @@ the curves) and PNGs (docs/img).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 from collections import defaultdict
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from tcl.continual.study import VARIANTS
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tcl.summary import stats, summarize
+from tcl.summary import figure_png, stats, summarize
 
 COLUMNS = ("top1", "top5", "task_top1", "task_top5")
 SETS = ("none", "same", "cross", "all")  # Table 5's rows: scratch-10 is "none"
@@ -227,22 +226,14 @@ def _figure(n: int, width: float = 7.0, height: float = 4.5):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    return plt, fig, axes[0]
-
-
-def _png(plt, fig) -> bytes:
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig, axes[0]
 
 
 def bars_png(rows: list[dict], title: str) -> bytes:
     """Grouped bars per family: top-1 / top-5 / task top-1 of each row's label, sd as error bars."""
     families = list(dict.fromkeys(r["family"] for r in rows))
     widest = max([len([r for r in rows if r["family"] == f]) for f in families], default=0)
-    plt, fig, axes = _figure(max(len(families), 1), width=max(6.0, 0.9 * widest + 2))
+    fig, axes = _figure(max(len(families), 1), width=max(6.0, 0.9 * widest + 2))
     if not rows:
         axes[0].text(0.5, 0.5, "no runs", ha="center", va="center")
     for ax, family in zip(axes, families):
@@ -258,12 +249,12 @@ def bars_png(rows: list[dict], title: str) -> bytes:
         ax.set_title(f"{family}: {title}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    return _png(plt, fig)
+    return figure_png(fig)
 
 
 def curves_png(curves: dict) -> bytes:
     """Figure 8: top-1 of every seen platform vs epoch through the schedule, phases shaded."""
-    plt, fig, axes = _figure(max(len(curves), 1), width=8.0)
+    fig, axes = _figure(max(len(curves), 1), width=8.0)
     if not curves:
         axes[0].text(0.5, 0.5, "no ckd runs with curves", ha="center", va="center")
     for ax, (family, c) in zip(axes, curves.items()):
@@ -293,7 +284,7 @@ def curves_png(curves: dict) -> bytes:
         ax.set_ylim(0, 1.0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    return _png(plt, fig)
+    return figure_png(fig)
 
 
 # ---------------------------------------------------------------------------------------------

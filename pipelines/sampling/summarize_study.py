@@ -14,7 +14,6 @@ Reads the pipeline's files: METRICS/<platform>-<strategy>-<ratio>-s<seed>.json (
 from __future__ import annotations
 
 import argparse
-import io
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 from tcl.features import load_feature_set
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tcl.sampling import STRATEGIES
-from tcl.summary import as_metrics, stats, summarize
+from tcl.summary import as_metrics, figure_png, stats, summarize
 
 FULL = "full"
 COLUMNS = ("top1", "top5", "task_top1", "task_top5")
@@ -133,11 +132,7 @@ def plot_png(rows: list[dict]) -> bytes:
         ax.set_title(f"{platform}: Mamba kb trained on each strategy's subset")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def main() -> None:

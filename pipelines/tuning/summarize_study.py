@@ -13,12 +13,12 @@ Reads the pipeline's METRICS/<task>.json (`tcl bench tune --json`, tcl.bench.tun
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 from pathlib import Path
 
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
+from tcl.summary import figure_png
 
 REFERENCE = "tcl"
 
@@ -149,11 +149,7 @@ def plot_png(reports: list[dict]) -> bytes:
     axes[1][0].set_ylabel("best latency (µs), geo-mean over seeds")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"Tuning on {reports[0]['platform']}: best latency vs trials and vs seconds")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def main() -> None:
