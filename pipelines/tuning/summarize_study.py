@@ -28,9 +28,11 @@ def load_reports(metrics_dir: Path) -> list[dict]:
     for path in sorted(metrics_dir.glob("*.json")):
         try:
             report = json.loads(path.read_text())
-            report["curves"], report["runs"]  # noqa: B018 - the fields the summary reads
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError) as exc:
             raise SystemExit(f"{path}: not a `tcl bench tune --json` report ({exc!r})")
+        missing = {"platform", "workload", "trials", "seeds", "curves", "runs"} - set(report)
+        if missing:
+            raise SystemExit(f"{path}: not a `tcl bench tune --json` report (no {', '.join(sorted(missing))})")
         reports.append(report)
     if not reports:
         raise SystemExit(f"{metrics_dir}: no metrics files")

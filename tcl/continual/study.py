@@ -88,6 +88,14 @@ def family_settings(study: dict, family: str) -> dict:
     return fam
 
 
+def source_names(fam: dict, family: str, sources: str) -> list[str]:
+    """The platforms of source set `sources` of a family's settings (`family_settings`)."""
+    names = list(fam["sources"].get(sources) or [])
+    if not names:
+        raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
+    return names
+
+
 def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict:
     """The root params with the study's ``params`` over them, ``train.seed`` = `seed`, and the
     ablation's one change for a ckd variant."""
@@ -179,9 +187,7 @@ def learn_sources(family: str, sources: str, root: dict, study: dict, seed: int,
     t0 = time.perf_counter()
     fam = family_settings(study, family)
     curves = _curve_split(study, sources)
-    names = list(fam["sources"].get(sources) or [])
-    if not names:
-        raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
+    names = source_names(fam, family, sources)
     params = run_params(root, study, seed)
     kb, done, before_curves = None, [], []
     if start is not None:
@@ -244,9 +250,7 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
     fam = family_settings(study, family)
     params = run_params(root, study, seed, variant)
     curves = _curve_split(study, sources, variant)
-    names = list(fam["sources"].get(sources) or [])
-    if not names:
-        raise StudyError(f"families.{family}.sources has no set {sources!r} (sets: {', '.join(fam['sources'])})")
+    names = source_names(fam, family, sources)
     if variant in FROM_KB and source_kb is None:
         raise StudyError(f"variant {variant} starts from the source KB: give its directory")
     if variant in BASELINES and source_kb is not None:
