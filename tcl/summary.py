@@ -105,3 +105,24 @@ def figure_png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def load_study_files(metrics_dir, fields: Iterable[str], what: str) -> list[dict]:
+    """Every ``*.json`` of a study's metrics folder, in name order, each checked to hold `fields`;
+    SystemExit naming the file for one that does not (`what`: the command that writes them)."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for path in sorted(Path(metrics_dir).glob("*.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"{path}: cannot read it ({exc})")
+        missing = [k for k in fields if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise SystemExit(f"{path}: not a {what} metrics file (no {', '.join(missing)})")
+        out.append(r)
+    if not out:
+        raise SystemExit(f"{metrics_dir}: no metrics files")
+    return out

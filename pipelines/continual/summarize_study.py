@@ -19,14 +19,13 @@ the curves) and PNGs (docs/img).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from tcl.continual.study import VARIANTS
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tcl.summary import figure_png, stats, summarize
+from tcl.summary import figure_png, load_study_files, stats, summarize
 
 COLUMNS = ("top1", "top5", "task_top1", "task_top5")
 SETS = ("none", "same", "cross", "all")  # Table 5's rows: scratch-10 is "none"
@@ -37,19 +36,7 @@ RUN_FIELDS = ("family", "platform", "variant", "sources_set", "top1", "seconds",
 
 
 def load_runs(metrics_dir: Path) -> list[dict]:
-    runs = []
-    for path in sorted(metrics_dir.glob("*.json")):
-        try:
-            r = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"{path}: cannot read it ({exc})")
-        missing = [k for k in RUN_FIELDS if not isinstance(r, dict) or k not in r]
-        if missing:
-            raise SystemExit(f"{path}: not a `tcl ckd-study run` metrics file (no {', '.join(missing)})")
-        runs.append(r)
-    if not runs:
-        raise SystemExit(f"{metrics_dir}: no metrics files")
-    return runs
+    return load_study_files(metrics_dir, RUN_FIELDS, "`tcl ckd-study run`")
 
 
 def _max_drop(run: dict) -> float | None:

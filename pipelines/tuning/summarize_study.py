@@ -13,30 +13,20 @@ Reads the pipeline's METRICS/<task>.json (`tcl bench tune --json`, tcl.bench.tun
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
-from tcl.summary import figure_png
+from tcl.summary import figure_png, load_study_files
 
 REFERENCE = "tcl"
 
 
+REPORT_FIELDS = ("platform", "workload", "trials", "seeds", "curves", "runs")
+
+
 def load_reports(metrics_dir: Path) -> list[dict]:
-    reports = []
-    for path in sorted(metrics_dir.glob("*.json")):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"{path}: not a `tcl bench tune --json` report ({exc!r})")
-        missing = {"platform", "workload", "trials", "seeds", "curves", "runs"} - set(report)
-        if missing:
-            raise SystemExit(f"{path}: not a `tcl bench tune --json` report (no {', '.join(sorted(missing))})")
-        reports.append(report)
-    if not reports:
-        raise SystemExit(f"{metrics_dir}: no metrics files")
-    return reports
+    return load_study_files(metrics_dir, REPORT_FIELDS, "`tcl bench tune --json`")
 
 
 def geomean(values: list[float]) -> float | None:
