@@ -239,14 +239,18 @@ def test_study_ratios_by_hand():
     assert r["random"]["speedup_trials"] is None and r["random"]["latency_ratio_at_equal_trials"] == 0.75
 
 
-def test_bench_tune_end_to_end(kb, tmp_path):
+def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
     from tcl.bench.tune import bench_tune, format_report
     from tcl.collect.measure import MeasureSettings
 
+    settings = MeasureSettings(number=1, repeat=1, min_repeat_ms=0)
+    with pytest.raises(ValueError, match="unknown cost model.*tcl-ft"):  # before any tuning
+        bench_tune(PLATFORM, "dense_64", cost_models=("tcl", "xgboost"), out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
     report = bench_tune(PLATFORM, "dense_64", trials=4, trials_per_iter=2, seeds=(0,),
-                        cost_models=("tcl", "random"), model=str(kb), out_dir=tmp_path,
-                        settings=MeasureSettings(number=1, repeat=1, min_repeat_ms=0), progress=False)
-    for name in ("tcl", "random"):
+                        cost_models=("tcl", "tcl-ft", "random"), model=str(kb), out_dir=tmp_path,
+                        settings=settings, progress=False, kb_checkpoint=str(kb_checkpoint))
+    for name in ("tcl", "tcl-ft", "random"):
         curve = report["curves"][name]
         assert curve["trials"] == [2, 4]
         assert curve["best_latency_s"][1] <= curve["best_latency_s"][0]  # a best-so-far curve
@@ -255,9 +259,16 @@ def test_bench_tune_end_to_end(kb, tmp_path):
     r = report["ratios"]["random"]
     assert r["latency_ratio_at_equal_trials"] == pytest.approx(
         report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl"]["best_latency_s"][-1])
-    assert report["cost_model"]["candidates_scored"] > 0
+    # tcl-ft is the KB fine-tuned after each of its two measured batches, with its own ratios; tcl is not
+    assert report["cost_model"]["candidates_scored"] > 0 and report["cost_model"]["fine_tune_updates"] == 2
+    assert json.loads((tmp_path / "tcl-ft-seed0" / "tune.json").read_text())["fine_tune"] is True
+    assert json.loads((tmp_path / "tcl-seed0" / "tune.json").read_text())["fine_tune"] is False
+    assert set(report["ratios"]) == set(report["ratios_fine_tune"]) == {"random"}
+    assert report["ratios_fine_tune"]["random"]["latency_ratio_at_equal_trials"] == pytest.approx(
+        report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl-ft"]["best_latency_s"][-1])
     text = format_report(report)
-    assert "tcl vs random" in text and "KB inside tuning" in text
+    assert "tcl vs random" in text and "tcl-ft vs random" in text and "KB inside tuning" in text
+    assert "KB fine-tuned 2 times" in text
 
 
 def test_mlp_cost_model_scores_each_candidates_store_rows(tmp_path):

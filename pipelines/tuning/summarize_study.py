@@ -19,8 +19,8 @@ from pathlib import Path
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from tcl.summary import figure_png, load_study_files
 
-REFERENCE = "tcl"
-
+# TCL's variants and the report field holding each one's ratios against the baselines
+VARIANTS = {"tcl": "ratios", "tcl-ft": "ratios_fine_tune"}
 
 REPORT_FIELDS = ("platform", "workload", "trials", "seeds", "curves", "runs")
 
@@ -48,7 +48,8 @@ def task_rows(reports: list[dict]) -> list[dict]:
     rows = []
     for rep in reports:
         row = {"task": rep["workload"], "platform": rep["platform"], "trials": rep["trials"],
-               "seeds": rep["seeds"], "final_latency_s": {}, "seed_range_s": {}, "ratios": rep.get("ratios", {})}
+               "seeds": rep["seeds"], "final_latency_s": {}, "seed_range_s": {},
+               "ratios": {v: rep[key] for v, key in VARIANTS.items() if key in rep}}
         for model, curve in rep["curves"].items():
             row["final_latency_s"][model] = curve["best_latency_s"][-1] if curve["best_latency_s"] else None
             finals = seed_finals(rep, model)
@@ -62,17 +63,20 @@ def task_rows(reports: list[dict]) -> list[dict]:
 
 
 def overall(rows: list[dict]) -> dict:
-    """Per baseline: geometric means over the tasks of both ratios, and in how many tasks TCL
-    reached the baseline's final latency at all (a speedup exists only there)."""
-    baselines = sorted({b for r in rows for b in r["ratios"]})
+    """Per TCL variant and baseline: geometric means over the tasks of both ratios, and in how
+    many tasks the variant reached the baseline's final latency at all (a speedup exists only
+    there)."""
     out = {}
-    for b in baselines:
-        rs = [r["ratios"][b] for r in rows if b in r["ratios"]]
-        out[b] = {"tasks": len(rs),
-                  "reached": sum(x["speedup_trials"] is not None for x in rs),
-                  "speedup_trials_geomean_where_reached": geomean([x["speedup_trials"] for x in rs]),
-                  "speedup_seconds_geomean_where_reached": geomean([x["speedup_seconds"] for x in rs]),
-                  "latency_ratio_at_equal_trials_geomean": geomean([x["latency_ratio_at_equal_trials"] for x in rs])}
+    for variant in VARIANTS:
+        per_task = [r["ratios"][variant] for r in rows if variant in r["ratios"]]
+        for b in sorted({b for x in per_task for b in x}):
+            rs = [x[b] for x in per_task if b in x]
+            out.setdefault(variant, {})[b] = {
+                "tasks": len(rs),
+                "reached": sum(x["speedup_trials"] is not None for x in rs),
+                "speedup_trials_geomean_where_reached": geomean([x["speedup_trials"] for x in rs]),
+                "speedup_seconds_geomean_where_reached": geomean([x["speedup_seconds"] for x in rs]),
+                "latency_ratio_at_equal_trials_geomean": geomean([x["latency_ratio_at_equal_trials"] for x in rs])}
     return out
 
 
@@ -95,22 +99,26 @@ def markdown(rows: list[dict], summary: dict) -> str:
             spread = f" [{fmt_us(rng[0])}, {fmt_us(rng[1])}]" if rng and len(r["seeds"]) > 1 else ""
             cells.append(fmt_us(r["final_latency_s"].get(m)) + spread)
         out.append(f"| {r['task']} | {r['trials']} | " + " | ".join(cells) + " |")
-    out += ["", f"TCL ({REFERENCE}) against each baseline: search-time speedup at equal latency (trials; "
-            "seconds) and latency ratio at equal trials (baseline / TCL; > 1: TCL better):", "",
-            "| task | baseline | speedup (trials) | speedup (seconds) | latency ratio |", "|---|---|---|---|---|"]
+    out += ["", "TCL (tcl: the KB as served; tcl-ft: fine-tuning on the run's measurements) against each "
+            "baseline: search-time speedup at equal latency (trials; seconds) and latency ratio at equal "
+            "trials (baseline / TCL; > 1: TCL better):", "",
+            "| task | TCL | baseline | speedup (trials) | speedup (seconds) | latency ratio |", "|---|---|---|---|---|---|"]
     for r in rows:
-        for b, x in r["ratios"].items():
-            lr = x["latency_ratio_at_equal_trials"]
-            out.append(f"| {r['task']} | {b} | {fmt_x(x['speedup_trials'])} | {fmt_x(x['speedup_seconds'])} | "
-                       f"{'-' if lr is None else f'{lr:.3f}'} |")
+        for variant, per_baseline in r["ratios"].items():
+            for b, x in per_baseline.items():
+                lr = x["latency_ratio_at_equal_trials"]
+                out.append(f"| {r['task']} | {variant} | {b} | {fmt_x(x['speedup_trials'])} | "
+                           f"{fmt_x(x['speedup_seconds'])} | {'-' if lr is None else f'{lr:.3f}'} |")
     out += ["", "Over the tasks (geometric means; the speedups over the tasks where TCL reached the "
             "baseline's final latency):", "",
-            "| baseline | tasks | reached | speedup (trials) | speedup (seconds) | latency ratio |",
-            "|---|---|---|---|---|---|"]
-    for b, s in summary.items():
-        lr = s["latency_ratio_at_equal_trials_geomean"]
-        out.append(f"| {b} | {s['tasks']} | {s['reached']} | {fmt_x(s['speedup_trials_geomean_where_reached'])} | "
-                   f"{fmt_x(s['speedup_seconds_geomean_where_reached'])} | {'-' if lr is None else f'{lr:.3f}'} |")
+            "| TCL | baseline | tasks | reached | speedup (trials) | speedup (seconds) | latency ratio |",
+            "|---|---|---|---|---|---|---|"]
+    for variant, per_baseline in summary.items():
+        for b, s in per_baseline.items():
+            lr = s["latency_ratio_at_equal_trials_geomean"]
+            out.append(f"| {variant} | {b} | {s['tasks']} | {s['reached']} | "
+                       f"{fmt_x(s['speedup_trials_geomean_where_reached'])} | "
+                       f"{fmt_x(s['speedup_seconds_geomean_where_reached'])} | {'-' if lr is None else f'{lr:.3f}'} |")
     kb = [r for r in rows if r.get("kb_candidates_per_s")]
     if kb:
         out += ["", "The KB inside tuning: " + "; ".join(

@@ -22,6 +22,9 @@ from pathlib import Path
 
 DEFAULT_WORKLOAD = "dense_128_768_768"   # a bert_base task: held out from the KB's training data
 DEFAULT_MODELS = ("tcl", "xgb", "random")
+# The TCL variants measured against the baselines: the KB as served, and the KB fine-tuning on
+# the run's own measurements after each batch (`tcl tune --fine-tune`).
+TCL_VARIANTS = ("tcl", "tcl-ft")
 
 
 def mean_curve(curves: list[dict]) -> tuple[list[int], list[float], list[float]]:
@@ -43,12 +46,12 @@ def first_reaching(best: list[float], target: float) -> int | None:
 
 
 def ratios(curves: dict[str, tuple], reference: str = "tcl") -> dict[str, dict]:
-    """Per baseline: search-time speedup at equal latency (trials, seconds) and latency ratio at
-    equal trials, against `reference`."""
+    """Per baseline (every curve but the TCL variants): search-time speedup at equal latency
+    (trials, seconds) and latency ratio at equal trials, against `reference`."""
     r_trials, r_best, r_secs = curves[reference]
     out = {}
     for name, (trials, best, secs) in curves.items():
-        if name == reference or not best:
+        if name in TCL_VARIANTS or not best:
             continue
         target = best[-1]
         hit = first_reaching(r_best, target)
@@ -66,15 +69,23 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
                trials_per_iter: int = 16, seeds: tuple[int, ...] = (0,),
                cost_models: tuple[str, ...] = DEFAULT_MODELS, model: str | None = None,
                mlp_model: str | None = None, out_dir: str | os.PathLike = "runs/bench-tune",
-               settings=None, progress: bool = True, fine_tune: bool = False) -> dict:
-    """Run the study; returns {"curves": {model: {trials, best_latency_s, seconds}}, "ratios",
-    "cost_model": the KB's speed inside tuning, "runs": per (model, seed) results}. `fine_tune`:
-    the KB fine-tunes on each run's measurements (`tcl tune --fine-tune`)."""
+               settings=None, progress: bool = True, fine_tune: bool = False,
+               kb_checkpoint: str | None = None) -> dict:
+    """Run the study; returns {"curves": {model: {trials, best_latency_s, seconds}}, "ratios"
+    (TCL's against each baseline; "ratios_fine_tune" likewise for tcl-ft), "cost_model": the KB's
+    speed inside tuning, "runs": per (model, seed) results}. Cost model "tcl-ft" is the KB
+    fine-tuning on each run's measurements, from `kb_checkpoint` (default `model`: it needs a
+    models:/ URI or a checkpoint, not an .onnx file); `fine_tune`: plain "tcl" fine-tunes too."""
     from tcl.collect.networks import network_tasks
     from tcl.collect.workloads import build_workload, describe, resolve_workload
     from tcl.hardware import get_platform
     from tcl.tuner.tune import TuneTask, tune
 
+    from tcl.tuner.baselines import COST_MODELS
+
+    unknown = [n for n in cost_models if n not in COST_MODELS + TCL_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown cost model(s) {', '.join(unknown)}; of {', '.join(COST_MODELS + TCL_VARIANTS[1:])}")
     platform = get_platform(platform_name)
     op = resolve_workload(workload)
     known = network_tasks().get(op.key)
@@ -83,10 +94,11 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
         curves = []
         for seed in seeds:
             task = TuneTask(workload, build_workload(op), 1.0, describe(op), dict(known.weights) if known else {})
-            ref = model if name == "tcl" else mlp_model if name == "mlp" else None
-            result = tune(platform, [task], trials, name, Path(out_dir) / f"{name}-seed{seed}", model=ref,
+            kind = "tcl" if name in TCL_VARIANTS else name
+            ref = {"tcl": model, "tcl-ft": kb_checkpoint or model, "mlp": mlp_model}.get(name)
+            result = tune(platform, [task], trials, kind, Path(out_dir) / f"{name}-seed{seed}", model=ref,
                           seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
-                          fine_tune=fine_tune and name == "tcl")
+                          fine_tune=name == "tcl-ft" or (fine_tune and name == "tcl"))
             runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
             curves.append(result["curves"][workload])
         per_model[name] = mean_curve(curves)
@@ -94,12 +106,17 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
            "fine_tune": fine_tune,
            "curves": {n: {"trials": t, "best_latency_s": b, "seconds": s} for n, (t, b, s) in per_model.items()},
            "runs": runs}
-    if "tcl" in per_model:
-        out["ratios"] = ratios(per_model)
-        stats = [r["stats"] for k, r in runs.items() if k.startswith("tcl/")]
+    if "tcl-ft" in per_model:
+        out["ratios_fine_tune"] = ratios(per_model, "tcl-ft")
+    tcl_name = "tcl" if "tcl" in per_model else "tcl-ft" if "tcl-ft" in per_model else None
+    if tcl_name:
+        if tcl_name == "tcl":
+            out["ratios"] = ratios(per_model)
+        tcl_runs = [r for k, r in runs.items() if k.split("/")[0] in TCL_VARIANTS]
+        stats = [r["stats"] for r in tcl_runs]
         scored = sum(s["candidates_scored"] for s in stats)
         pred = sum(s["predict_seconds"] for s in stats)
-        wall = sum(r["seconds"] for k, r in runs.items() if k.startswith("tcl/"))
+        wall = sum(r["seconds"] for r in tcl_runs)
         out["cost_model"] = {"candidates_scored": scored, "cached": sum(s["cached"] for s in stats),
                              "predict_seconds": pred, "candidates_per_s": scored / pred if pred else None,
                              "share_of_tuning": pred / wall if wall else None,
@@ -124,12 +141,13 @@ def format_report(report: dict) -> str:
             b = report["curves"][n]["best_latency_s"]
             row.append(f"{b[i] * 1e6:10.1f}" if i < len(b) and math.isfinite(b[i]) else f"{'-':>10}")
         lines.append(f"{t:>7} " + " ".join(row))
-    for name, r in report.get("ratios", {}).items():
-        sp_t = "not reached" if r["speedup_trials"] is None else f"{r['speedup_trials']:.2f}x trials"
-        sp_s = "" if r["speedup_seconds"] is None else f", {r['speedup_seconds']:.2f}x seconds"
-        lr = "-" if r["latency_ratio_at_equal_trials"] is None else f"{r['latency_ratio_at_equal_trials']:.3f}"
-        lines.append(f"tcl vs {name}: search-time speedup at equal latency {sp_t}{sp_s}; "
-                     f"latency ratio at equal trials {lr}")
+    for variant, key in (("tcl", "ratios"), ("tcl-ft", "ratios_fine_tune")):
+        for name, r in report.get(key, {}).items():
+            sp_t = "not reached" if r["speedup_trials"] is None else f"{r['speedup_trials']:.2f}x trials"
+            sp_s = "" if r["speedup_seconds"] is None else f", {r['speedup_seconds']:.2f}x seconds"
+            lr = "-" if r["latency_ratio_at_equal_trials"] is None else f"{r['latency_ratio_at_equal_trials']:.3f}"
+            lines.append(f"{variant} vs {name}: search-time speedup at equal latency {sp_t}{sp_s}; "
+                         f"latency ratio at equal trials {lr}")
     cm = report.get("cost_model")
     if cm and cm["candidates_per_s"]:
         lines.append(f"KB inside tuning: {cm['candidates_scored']} candidates ({cm['cached']} cached) at "

@@ -281,10 +281,13 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
 @click.option("--trials", default=64, show_default=True, help="Measurements per run.")
 @click.option("--trials-per-iter", default=16, show_default=True, help="Candidates measured per batch.")
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
-@click.option("--cost-models", default="tcl,xgb,random", show_default=True, help="Of tcl, xgb, mlp, random.")
+@click.option("--cost-models", default="tcl,xgb,random", show_default=True,
+              help="Of tcl, tcl-ft (the KB fine-tuning on the run's measurements), xgb, mlp, random.")
 @click.option("--model", default=None, help="The KB (models:/ URI or .onnx; default the family's @production).")
 @click.option("--mlp-model", default=None, help="A trained mlp-tenset model, for --cost-models ...,mlp.")
 @click.option("--fine-tune", is_flag=True, help="The KB fine-tunes on each run's measurements (`tcl tune --fine-tune`).")
+@click.option("--kb-checkpoint", default=None,
+              help="The KB's checkpoint (models:/ URI, checkpoint file or directory) for tcl-ft (default: --model).")
 @click.option("--out", "out_dir", default="runs/bench-tune", show_default=True, type=click.Path(file_okay=False),
               help="Where the tuning databases go (one per model and seed).")
 @click.option("--min-repeat-ms", default=20, show_default=True)
@@ -293,7 +296,7 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON line last.")
 def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost_models, model, mlp_model,
-                   fine_tune, out_dir, min_repeat_ms, candidates, progress, as_json):
+                   fine_tune, kb_checkpoint, out_dir, min_repeat_ms, candidates, progress, as_json):
     """Short tuning study: best latency vs trials per cost model and TCL's two ratios (tcl.bench.tune)."""
     from tcl.bench.tune import bench_cost_model, bench_tune, format_cost_model, format_report
     from tcl.collect.measure import MeasureSettings
@@ -312,7 +315,7 @@ def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost
                             tuple(int(s) for s in seeds.split(",") if s.strip()),
                             tuple(n.strip() for n in cost_models.split(",") if n.strip()), model, mlp_model,
                             out_dir, MeasureSettings(number=1, repeat=3, min_repeat_ms=min_repeat_ms),
-                            progress, fine_tune)
+                            progress, fine_tune, kb_checkpoint)
     except (KeyError, ValueError, TclRegistryError, NotImplementedError) as exc:
         raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
     click.echo(format_report(report), err=as_json)
