@@ -90,14 +90,20 @@ def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one
     assert state.platforms == ["p0", "p1"]
 
 
-@pytest.mark.parametrize("select", ["top1", "pairwise"])
-def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb, select):
-    cfg, data = {**settings(PARAMS), "select": select}, _platform("p1", 1)
+def _ordered_by(model, fs):
+    """`fs` with its latencies re-measured as `model`'s order: the model ranks it perfectly."""
+    fs.latency = np.exp(-model.predict_features(fs))
+    fs.y = (np.array([fs.latency[fs.task == t].min() for t in fs.task]) / fs.latency).astype(np.float32)
+    return fs
+
+
+@pytest.mark.parametrize("select,guard", [("top1", "mean"), ("pairwise", "mean"), ("pairwise", "target")])
+def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, one_torch_thread, taught_kb,
+                                                                     select, guard):
+    cfg, data = {**settings(PARAMS), "select": select, "kd_guard": guard}, _platform("p1", 1)
     kb = load_model_copy(taught_kb, tmp_path)
     # validation programs whose measured order is the KB's own: it starts at top-1 = 1, unbeatable
-    valid = data.valid
-    valid.latency = np.exp(-kb.predict_features(valid))
-    valid.y = (np.array([valid.latency[valid.task == t].min() for t in valid.task]) / valid.latency).astype(np.float32)
+    _ordered_by(kb, data.valid)
     backwards = _negated(load_model_copy(taught_kb, tmp_path))  # an AC that ranks every task backwards
     earlier = E.absorb(None, kb, E.estimate_fisher(kb, make_fs(seed=5, platform="p0"), TRAIN), "p0")
     kb_before = _state(kb)
@@ -107,6 +113,49 @@ def test_kd_guard_keeps_the_starting_kb_when_the_ac_teaches_it_worse(tmp_path, o
     assert res["select"] == select and res["start_valid"] == 1.0
     assert all(r[f"valid_{select}"] < 1.0 for r in res["epochs"])
     assert state.platforms == ["p0", "p1"]  # the platform is still finished (its Fisher added)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.5, 1.0])
+def test_kd_target_guard_keeps_the_best_target_epoch_within_the_sources_tolerance(tmp_path, one_torch_thread,
+                                                                                  taught_kb, tolerance):
+    """A source p0 the KB ranks perfectly and a target p1 ordered backwards to the KB, taught by an
+    AC that ranks backwards: KD gains on the target and costs the source. The kept KB is the epoch
+    best on the target's validation among those within `tolerance` on the source (recomputed
+    from the per-epoch rows), else the start; the source never loses more than `tolerance`."""
+    from tcl import metrics as M
+
+    kb = load_model_copy(taught_kb, tmp_path)
+    source, target = _platform("p0", 5), _platform("p1", 1)
+    _ordered_by(kb, source.valid)
+    backwards = _negated(load_model_copy(taught_kb, tmp_path / "ac"))
+    _ordered_by(backwards, target.valid)
+    _ordered_by(backwards, target.train)
+    earlier = E.absorb(None, kb, E.estimate_fisher(kb, source.train, TRAIN), "p0")
+    cfg = {**settings(PARAMS), "select": "pairwise", "kd_guard": "target", "kd_guard_tolerance": tolerance,
+           "lambda_ewc": 0.0}
+    params = {**TRAIN, "select": "pairwise", "epochs": 6, "patience": 100, "lr": 0.02}
+    _, res = kd_phase(kb, backwards, target, [source, target], earlier, cfg, params, tmp_path / "kd")
+
+    def pairwise(fs):
+        return M.evaluate(kb.predict_features(fs), fs)["pairwise"]
+
+    rows = res["epochs"]
+    assert len(rows) == 6 and res["guard"] == "target" and res["start_sources"]["p0"] == pytest.approx(1.0)
+    qualifying = [r for r in rows if r["guard_worst_source_drop"] <= tolerance
+                  and r["guard_target"] > res["start_valid"]]
+    if qualifying:
+        best = max(qualifying, key=lambda r: r["guard_target"])
+        assert not res["kept_start"] and res["kept_epoch"] == best["epoch"]
+        assert pairwise(target.valid) == pytest.approx(best["guard_target"])
+    else:
+        assert res["kept_start"] and pairwise(target.valid) == pytest.approx(res["start_valid"])
+    assert 1.0 - pairwise(source.valid) <= tolerance + 1e-9
+    if tolerance == 1.0:  # anything goes on the source: KD must have learned the target
+        assert not res["kept_start"]
+    if tolerance == 0.5:  # the bound binds: the epoch best on the target alone costs the source more
+        assert res["kept_epoch"] is not None and max(r["guard_target"] for r in rows) > res["end_valid"]
+    if tolerance == 0.0:  # the source is perfect at the start: only an epoch that keeps it so may win
+        assert pairwise(source.valid) == pytest.approx(1.0)
 
 
 def test_kd_task_term_adds_alpha_times_the_kb_label_loss(tmp_path, one_torch_thread, taught_kb):
