@@ -1,0 +1,158 @@
+"""Choose the sampler's settings without reading the test split: cross-validation over the
+training split's tasks (issue 12's "validation protocol with enough tasks").
+
+The training split's tasks are dealt into `folds` groups (a seeded shuffle). For each fold, each
+candidate (a named override of the root params.yaml `sample:`, or a baseline strategy) chooses
+`ratio` of the *other* folds' programs, a Mamba kb is trained on that subset (the main job's
+`pipeline.train`, early stopping on the platform's validation split) and scored on the held-out
+fold's tasks, which neither the sampler nor the training saw. The score is the mean over folds
+and seeds; per-task top-1 leads (the held-out tasks are a few per network, so the network top-1
+of a fold weighs a handful of tasks).
+
+    python pipelines/sampling/cv_settings.py --params params.yaml \
+        --study-params pipelines/sampling/params.yaml --out pipelines/sampling/cv.json \
+        --markdown pipelines/sampling/cv.md
+
+Settings: `cv:` in pipelines/sampling/params.yaml (platform, folds, ratios, seeds, candidates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from tcl.config import load_params
+from tcl.experiments import evaluate_model
+from tcl.features import load_feature_set
+from tcl.io import atomic_write_json, atomic_write_text
+from tcl.models import model_config, new_model
+from tcl.sampling.subset import sample_features
+from tcl.training import DEFAULT_TRAIN, seed_everything, train_model
+
+KEYS = ("task_top1", "task_top5", "top1", "top5", "pairwise")
+
+
+def task_folds(n_tasks: int, folds: int, seed: int) -> list[np.ndarray]:
+    """The task ids dealt into `folds` groups after a seeded shuffle."""
+    order = np.random.default_rng(seed).permutation(n_tasks)
+    return [np.sort(order[f::folds]) for f in range(folds)]
+
+
+def candidate_params(params: dict, override: dict) -> dict:
+    """params with `override` (keys of `sample:`, nested dicts merged one level) over `sample:`."""
+    out = copy.deepcopy(params)
+    sample = out.setdefault("sample", {})
+    for key, value in override.items():
+        sample[key] = {**sample.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
+
+
+def train_and_score(train, valid, held, params: dict, seed: int) -> dict:
+    """A Mamba kb (the main job's preset and training settings) on `train`, scored on `held`."""
+    import tempfile
+
+    config = model_config("mamba", params, params.get("pipeline", {}).get("preset", "kb"))
+    tp = {**DEFAULT_TRAIN, **params.get("train", {}), **params.get("pipeline", {}).get("train", {}),
+          "seed": seed, "threads": 1}
+    seed_everything(seed)
+    model = new_model("mamba", train.x.shape[2], config, train.meta)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, _ = train_model(model, train, valid, tp, tmp, progress=False, resume=False)
+    m = evaluate_model(model, [held])
+    return {k: float(m[k]) for k in KEYS}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["candidate"], r["ratio"]), []).append(r)
+    out = []
+    for (name, ratio), rs in groups.items():
+        cell = {"candidate": name, "ratio": ratio, "runs": len(rs),
+                "sampler_seconds": float(np.mean([r["sampler_seconds"] for r in rs]))}
+        for k in KEYS:
+            v = np.array([r[k] for r in rs])
+            cell[k] = float(v.mean())
+            cell[f"{k}_sd"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+            cell[f"{k}_se"] = cell[f"{k}_sd"] / np.sqrt(len(v))
+        out.append(cell)
+    return sorted(out, key=lambda c: (c["ratio"], -c["task_top1"]))
+
+
+def paired(rows: list[dict], reference: str, key: str = "task_top1") -> list[dict]:
+    """Each candidate minus `reference` on the same fold and seed (the folds' tasks differ in
+    difficulty far more than the candidates do, so the paired difference is the sharper test)."""
+    ref = {(r["ratio"], r["fold"], r["seed"]): r[key] for r in rows if r["candidate"] == reference}
+    groups: dict = {}
+    for r in rows:
+        k = (r["ratio"], r["fold"], r["seed"])
+        if r["candidate"] != reference and k in ref:
+            groups.setdefault((r["candidate"], r["ratio"]), []).append(r[key] - ref[k])
+    out = []
+    for (name, ratio), d in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        d = np.asarray(d)
+        out.append({"candidate": name, "ratio": ratio, "reference": reference, "key": key, "runs": len(d),
+                    "mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0,
+                    "wins": int((d > 0).sum())})
+    return out
+
+
+def markdown(cells: list[dict], diffs: list[dict], cv: dict, n_train: int, n_tasks: int) -> str:
+    lines = [f"Cross-validation over {cv['platform']}'s training tasks ({n_train} programs, {n_tasks} tasks, "
+             f"{cv['folds']} folds by task, seeds {', '.join(map(str, cv['seeds']))}): mean ± sd over folds × seeds "
+             "(± se: the standard error of the mean).", "",
+             "| ratio | candidate | runs | task top-1 | ± se | task top-5 | top-1 | top-5 | pairwise | sampler s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in cells:
+        lines.append(f"| {c['ratio']:.0%} | {c['candidate']} | {c['runs']} | {c['task_top1']:.3f} ± {c['task_top1_sd']:.3f} "
+                     f"| {c['task_top1_se']:.3f} | {c['task_top5']:.3f} ± {c['task_top5_sd']:.3f} "
+                     f"| {c['top1']:.3f} ± {c['top1_sd']:.3f} | {c['top5']:.3f} ± {c['top5_sd']:.3f} "
+                     f"| {c['pairwise']:.3f} | {c['sampler_seconds']:.2f} |")
+    if diffs:
+        lines += ["", f"Paired with {diffs[0]['reference']} (same fold and seed), task top-1 difference:", "",
+                  "| ratio | candidate | runs | mean difference | ± se | runs above |", "|---:|---|---:|---:|---:|---:|"]
+        lines += [f"| {d['ratio']:.0%} | {d['candidate']} | {d['runs']} | {d['mean']:+.3f} | {d['se']:.3f} "
+                  f"| {d['wins']} of {d['runs']} |" for d in diffs]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default="params.yaml")
+    ap.add_argument("--study-params", default="pipelines/sampling/params.yaml")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--markdown", required=True)
+    a = ap.parse_args()
+    params = load_params(a.params)
+    cv = load_params(a.study_params)["cv"]
+    split = f"data/splits/{cv['platform']}"
+    train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
+    folds = task_folds(len(train.tasks), int(cv["folds"]), int(cv["fold_seed"]))
+    jobs = [(f, name, float(ratio), int(seed)) for f in range(len(folds)) for ratio in cv["ratios"]
+            for name in cv["candidates"] for seed in cv["seeds"]]
+    rows = []
+    for f, name, ratio, seed in tqdm(jobs, desc="cv"):
+        held_mask = np.isin(train.task, folds[f])
+        pool, held = train.subset(~held_mask), train.subset(held_mask)
+        spec = cv["candidates"][name]
+        t0 = time.perf_counter()
+        sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
+                                   candidate_params(params, spec.get("sample", {})), seed=seed)
+        rows.append({"candidate": name, "ratio": ratio, "seed": seed, "fold": f, "selected": len(sub),
+                     "held_tasks": [train.tasks[t] for t in folds[f]], "sampler_seconds": sel.seconds,
+                     **train_and_score(sub, valid, held, params, seed), "seconds": time.perf_counter() - t0})
+    cells, diffs = summarize(rows), paired(rows, cv.get("reference", "random"))
+    atomic_write_json(a.out, {"cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
+                              "summary": cells, "paired": diffs, "runs": rows})
+    text = markdown(cells, diffs, cv, len(train), len(train.tasks))
+    atomic_write_text(a.markdown, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
