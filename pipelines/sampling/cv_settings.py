@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from quick_study import train_and_score  # this folder's in-process driver (the script's directory is on sys.path)
+
 from tcl.config import load_params
-from tcl.experiments import evaluate_model
 from tcl.features import load_feature_set
 from tcl.io import atomic_write_json, atomic_write_text
-from tcl.models import model_config, new_model
 from tcl.sampling.subset import sample_features
-from tcl.training import DEFAULT_TRAIN, seed_everything, train_model
 
 KEYS = ("task_top1", "task_top5", "top1", "top5", "pairwise")
 
@@ -50,21 +48,6 @@ def candidate_params(params: dict, override: dict) -> dict:
     for key, value in override.items():
         sample[key] = {**sample.get(key, {}), **value} if isinstance(value, dict) else value
     return out
-
-
-def train_and_score(train, valid, held, params: dict, seed: int) -> dict:
-    """A Mamba kb (the main job's preset and training settings) on `train`, scored on `held`."""
-    import tempfile
-
-    config = model_config("mamba", params, params.get("pipeline", {}).get("preset", "kb"))
-    tp = {**DEFAULT_TRAIN, **params.get("train", {}), **params.get("pipeline", {}).get("train", {}),
-          "seed": seed, "threads": 1}
-    seed_everything(seed)
-    model = new_model("mamba", train.x.shape[2], config, train.meta)
-    with tempfile.TemporaryDirectory() as tmp:
-        model, _ = train_model(model, train, valid, tp, tmp, progress=False, resume=False)
-    m = evaluate_model(model, [held])
-    return {k: float(m[k]) for k in KEYS}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -145,7 +128,7 @@ def main() -> None:
                                    candidate_params(params, spec.get("sample", {})), seed=seed)
         rows.append({"candidate": name, "ratio": ratio, "seed": seed, "fold": f, "selected": len(sub),
                      "held_tasks": [train.tasks[t] for t in folds[f]], "sampler_seconds": sel.seconds,
-                     **train_and_score(sub, valid, held, params, seed), "seconds": time.perf_counter() - t0})
+                     **train_and_score(sub, valid, held, params, seed, KEYS, threads=1), "seconds": time.perf_counter() - t0})
     cells, diffs = summarize(rows), paired(rows, cv.get("reference", "random"))
     atomic_write_json(a.out, {"cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
                               "summary": cells, "paired": diffs, "runs": rows})
