@@ -59,6 +59,9 @@ class Platform:
     target: dict | None = None  # TVM target JSON, for platforms `tcl collect` can measure
     threads: int | None = None  # TVM_NUM_THREADS used when measuring
     restricted: str = ""
+    # what the local CPU's model name must contain (case-insensitive) for a measurement taken on
+    # this host, without RPC, to be this platform's; empty: any host (see host_mismatch)
+    host_cpu: str = ""
     extra: dict = field(default_factory=dict)
     defined_in: str = PACKAGED
 
@@ -177,6 +180,7 @@ def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Famil
             target=None if target is None else check_target(target, f"{at}: target"),
             threads=_positive_int(p.get("threads"), "threads", at),
             restricted=str(p.get("restricted", "")),
+            host_cpu=str(p.get("host_cpu", "")),
             defined_in=defined_in,
         )
     return out
@@ -270,7 +274,7 @@ def add_family(name: str, vendor: str, architecture: str, isa: str) -> Family:
 
 def add_platform(name: str, family: str, target: dict | str | None = None, threads: int | None = None,
                  cpu: str = "", cores: int | None = None, restricted: str = "",
-                 source: str = "user") -> Platform:
+                 source: str = "user", host_cpu: str = "") -> Platform:
     """Add a platform of an existing family to the user registry; refuses a name that exists."""
     reg = load_registry()
     _check_name(name, "platform", "new platform")
@@ -289,8 +293,42 @@ def add_platform(name: str, family: str, target: dict | str | None = None, threa
             entry[key] = _positive_int(value, key, f"platform {name!r}")
     if restricted:
         entry["restricted"] = restricted
+    if host_cpu:
+        entry["host_cpu"] = host_cpu
 
     def update(raw):
         raw["platforms"][name] = entry
 
     return _write_user(update).platforms[name]
+
+
+def local_cpu_model() -> str:
+    """This host's CPU model name (/proc/cpuinfo's first ``model name``), else what Python knows."""
+    import platform as pyplatform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return pyplatform.processor() or pyplatform.machine() or "unknown"
+
+
+def host_mismatch(platform: Platform, local_cpu: str | None = None) -> str | None:
+    """Why a measurement taken here (no RPC) would not be `platform`'s, or None when it would.
+
+    The bundled platforms were measured on one AMD EPYC: the same target on another CPU runs, but
+    its latencies (and a model's ranking of them) belong to that CPU, not to the platform whose
+    data and KB carry the name. Only a platform with ``host_cpu`` set is checked.
+    """
+    if not platform.host_cpu:
+        return None
+    local = local_cpu if local_cpu is not None else local_cpu_model()
+    if platform.host_cpu.lower() in local.lower():
+        return None
+    return (f"platform {platform.name!r} is measured on a CPU whose model name contains "
+            f"{platform.host_cpu!r} (hardware registry, defined in {platform.defined_in}); this host is "
+            f"{local!r}: its latencies are this CPU's, not {platform.name}'s (measure over --rpc-tracker on "
+            f"the platform's hardware, or `tcl hardware add` a platform for this CPU)")

@@ -4,7 +4,8 @@
   logged model (``model.onnx`` + the PyTorch checkpoint as an extra file) logged to the run that
   trained it, so lineage reads run -> logged model -> model version.
 * Every version carries tags: family, platforms, git_commit, data_hash, run_id, feature_version,
-  top1, top5, eval_data_hash, checkpoint_sha256, onnx_sha256, kind. A new version gets the alias
+  top1, top5, eval_data_hash, checkpoint_sha256, onnx_sha256, kind, host_cpu (the training run's
+  host CPU: training is reproducible bit for bit on one CPU model, not across). A new version gets the alias
   ``candidate``.
 * :func:`promote` moves an alias (``production`` by default). It refuses a version whose held-out
   top-1 is below the current holder's *on the same evaluation data* (equal eval_data_hash) unless
@@ -37,7 +38,7 @@ PREFIX = "tcl-kb-"
 REGISTRY_EXPERIMENT = "tcl-registry"
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION_TAGS = ("family", "platforms", "git_commit", "data_hash", "run_id", "feature_version",
-                "top1", "top5", "eval_data_hash", "checkpoint_sha256", "onnx_sha256", "kind")
+                "top1", "top5", "eval_data_hash", "checkpoint_sha256", "onnx_sha256", "kind", "host_cpu")
 PIP_REQUIREMENTS = ["onnxruntime", "onnx", "numpy"]
 
 
@@ -230,9 +231,11 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                         given_onnx_sha is None or tags.get("onnx_sha256") == given_onnx_sha):
                     _repair_alias(client, name, mv)
                     return int(mv.version)
+        # the CPU the model was trained on: training is bit-exact on one host, not across hosts
+        train_host = "unknown"
         if run_id is not None:
             try:
-                client.get_run(run_id)
+                train_host = client.get_run(run_id).data.tags.get("host_cpu", train_host)
             except MlflowException:
                 raise TclRegistryError(f"run {run_id!r} not found in {tracking.tracking_uri()}") \
                     from None
@@ -274,6 +277,7 @@ def register_kb(checkpoint_path: str | os.PathLike, family: str, platforms: list
                 "checkpoint_sha256": ckpt_sha,
                 "onnx_sha256": onnx_sha,
                 "kind": str(meta.get("kind", "")),
+                "host_cpu": train_host,
                 **extra_tags,
             }
             created_run = None

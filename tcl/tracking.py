@@ -150,11 +150,15 @@ def get_or_create_experiment(name: str) -> str:
 @contextlib.contextmanager
 def start_run(experiment: str, run_name: str | None = None, tags: dict | None = None,
               **kwargs) -> Iterator["object"]:
-    """``mlflow.start_run`` in `experiment` of the TCL store, tagged with ``git_commit``."""
+    """``mlflow.start_run`` in `experiment` of the TCL store, tagged with ``git_commit`` and
+    ``host_cpu`` (this host's CPU model: the same seed gives the same model bit for bit only on
+    the same CPU, docs/pipeline.md)."""
+    from .hardware import local_cpu_model
+
     exp_id = get_or_create_experiment(experiment)
     import mlflow
 
-    all_tags = {"git_commit": git_commit()}
+    all_tags = {"git_commit": git_commit(), "host_cpu": local_cpu_model()}
     all_tags.update(tags or {})
     with mlflow.start_run(experiment_id=exp_id, run_name=run_name, tags=all_tags, **kwargs) as run:
         yield run

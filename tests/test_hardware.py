@@ -161,3 +161,40 @@ def test_collect_accepts_a_user_platform(user_registry, tmp_path):
     assert proc.returncode == 2 and "RPC tracker 127.0.0.1:9 is unreachable" in proc.stderr
     settings = tmp_path / "db" / "collect.json"
     assert not settings.exists() or json.loads(settings.read_text())["target"] == TARGET
+
+
+def test_measuring_a_platform_on_another_cpu_warns_and_the_database_records_the_host(user_registry, tmp_path):
+    local = hardware.local_cpu_model()
+    # the bundled platforms name the CPU the bundle was measured on
+    bundled = hardware.get_platform("znver4-avx512-t2")
+    assert bundled.host_cpu == "AMD EPYC"
+    assert hardware.host_mismatch(bundled, "AMD EPYC 9R14 96-Core Processor") is None
+    why = hardware.host_mismatch(bundled, "Intel(R) Xeon(R) Processor @ 2.60GHz")
+    assert "'AMD EPYC'" in why and "Intel(R) Xeon(R) Processor @ 2.60GHz" in why
+    # a platform without host_cpu is any host's; `--host-cpu here` names this one
+    _add_my_platform()
+    assert hardware.host_mismatch(hardware.get_platform("my-cpu")) is None
+    run_tcl("hardware", "add", "my-here", "--family", "my-fam", "--target", json.dumps(TARGET),
+            "--threads", "1", "--host-cpu", "here")
+    run_tcl("hardware", "add", "my-elsewhere", "--family", "my-fam", "--target", json.dumps(TARGET),
+            "--threads", "1", "--host-cpu", "No Such CPU 9000")
+    assert json.loads(user_registry.read_text())["platforms"]["my-here"]["host_cpu"] == local
+    assert hardware.host_mismatch(hardware.get_platform("my-here")) is None
+    why = hardware.host_mismatch(hardware.get_platform("my-elsewhere"))
+    assert "'No Such CPU 9000'" in why and repr(local) in why
+
+    # a real measurement here: the warning on stderr, the host and the mismatch in collect.json
+    db = tmp_path / "db"
+    proc = run_tcl("collect", "--platform", "my-elsewhere", "--out", db, "--workload", "dense_64",
+                   "--trials", "1", "--min-repeat-ms", "1", "--json")
+    assert json.loads(proc.stdout.splitlines()[-1])["measured"] == 1
+    assert f"warning: {why}" in proc.stderr
+    settings = json.loads((db / "collect.json").read_text())
+    assert settings["host_cpu"] == local and settings["host_mismatch"] == why
+    # over RPC the latencies are the device's: nothing to warn about
+    from tcl.cli.data import warn_if_other_host
+    from tcl.collect.measure import RpcSettings
+
+    elsewhere = hardware.get_platform("my-elsewhere")
+    assert warn_if_other_host(elsewhere, RpcSettings.from_options("127.0.0.1:9", "k")) == []
+    assert warn_if_other_host(elsewhere, None) == [why]

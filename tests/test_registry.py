@@ -81,6 +81,9 @@ def test_register_tags_alias_and_artifacts(store, kb, tmp_path):
     assert tags["eval_data_hash"] == "EVALHASH" and tags["data_hash"] == "DATAHASH"
     assert tags["feature_version"] == "test-fv1"
     assert tags["git_commit"]  # a sha (maybe +dirty) or "unknown" outside git
+    # the CPU the training run ran on (its run tag), which bit-exact reproduction needs
+    from tcl.hardware import local_cpu_model
+    assert tags["host_cpu"] == local_cpu_model() == mlflow.MlflowClient().get_run(run_id).data.tags["host_cpu"]
     assert tags["checkpoint_sha256"] == registry.file_sha256(kb[0])
     for key in registry.VERSION_TAGS:
         assert key in tags, key

@@ -72,3 +72,46 @@ def test_study_summary_names_a_metrics_file_without_a_ratio_label(tmp_path):
     metrics, subsets = _write_study(tmp_path, [("p-x-s0", "no_ratio", 0.2, None)])
     proc, _ = _summarize(tmp_path, metrics, subsets)
     assert proc.returncode != 0 and "p-x-s0.json" in proc.stderr and "'<strategy>-<ratio>'" in proc.stderr
+
+
+CV_SCRIPT = ROOT / "pipelines" / "sampling" / "cv_settings.py"
+
+
+def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_path):
+    """Two platforms' `run` outputs, scores by hand: the pooled means, and the paired difference
+    taken against the reference of the same platform, fold and seed only."""
+    def row(platform, candidate, fold, seed, task_top1):
+        return {"platform": platform, "candidate": candidate, "ratio": 0.1, "seed": seed, "fold": fold,
+                "selected": 10, "held_tasks": [], "sampler_seconds": 1.0, "task_top1": task_top1,
+                "task_top5": 0.9, "top1": task_top1, "top5": 0.9, "pairwise": 0.6, "seconds": 2.0}
+
+    # platform a is easy (random 0.8), b hard (random 0.2); rdu is +0.1 on a, -0.05 on b
+    scores = {("a", "random"): [0.8, 0.7], ("a", "rdu"): [0.9, 0.8],
+              ("b", "random"): [0.2, 0.3], ("b", "rdu"): [0.15, 0.25]}
+    runs = tmp_path / "cv"
+    runs.mkdir()
+    for platform in ("a", "b"):
+        rows = [row(platform, cand, fold, 0, v) for (p, cand), vs in scores.items() if p == platform
+                for fold, v in enumerate(vs)]
+        (runs / f"{platform}.json").write_text(json.dumps(
+            {"platform": platform, "cv": {}, "train_programs": 40, "train_tasks": 4, "runs": rows}))
+    # a stale file of a platform params.yaml no longer lists is not read
+    (runs / "gone.json").write_text(json.dumps({"platform": "gone", "runs": [row("gone", "rdu", 0, 0, 0.0)]}))
+    study = tmp_path / "params.yaml"
+    study.write_text("cv:\n  platforms: [a, b]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
+                     "  reference: random\n  candidates: {rdu: {}, random: {strategy: random}}\n")
+    out, md = tmp_path / "cv.json", tmp_path / "cv.md"
+    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
+                    "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
+    summary = json.loads(out.read_text())
+    cells = {c["candidate"]: c for c in summary["summary"]}
+    assert cells["rdu"]["runs"] == 4 and cells["rdu"]["task_top1"] == pytest.approx((0.9 + 0.8 + 0.15 + 0.25) / 4)
+    assert cells["random"]["task_top1"] == pytest.approx(0.5)
+    (diff,) = summary["paired"]
+    assert diff["candidate"] == "rdu" and diff["runs"] == 4 and diff["wins"] == 2
+    assert diff["mean"] == pytest.approx((0.1 + 0.1 - 0.05 - 0.05) / 4)
+    per = {p: d[0]["mean"] for p, d in summary["paired_per_platform"].items()}
+    assert per == {"a": pytest.approx(0.1), "b": pytest.approx(-0.05)}
+    assert set(summary["platforms"]) == {"a", "b"}
+    text = md.read_text()
+    assert "a (40 programs, 4 tasks), b (40 programs, 4 tasks)" in text and "+0.100 ± 0.000" in text

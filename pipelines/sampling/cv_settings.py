@@ -1,7 +1,7 @@
 """Choose the sampler's settings without reading the test split: cross-validation over the
 training split's tasks (issue 12's "validation protocol with enough tasks").
 
-The training split's tasks are dealt into `folds` groups (a seeded shuffle). For each fold, each
+Per platform, the training split's tasks are dealt into `folds` groups (a seeded shuffle). For each fold, each
 candidate (a named override of the root params.yaml `sample:`, or a baseline strategy) chooses
 `ratio` of the *other* folds' programs, a Mamba kb is trained on that subset (the main job's
 `pipeline.train`, early stopping on the platform's validation split) and scored on the held-out
@@ -9,18 +9,23 @@ fold's tasks, which neither the sampler nor the training saw. The score is the m
 and seeds; per-task top-1 leads (the held-out tasks are a few per network, so the network top-1
 of a fold weighs a handful of tasks).
 
-    python pipelines/sampling/cv_settings.py --params params.yaml \
-        --study-params pipelines/sampling/params.yaml --out pipelines/sampling/cv.json \
-        --markdown pipelines/sampling/cv.md
+    python pipelines/sampling/cv_settings.py run --platform x86-sse-t1 --params params.yaml \
+        --study-params pipelines/sampling/params.yaml --out pipelines/sampling/cv/x86-sse-t1.json
+    python pipelines/sampling/cv_settings.py summary --runs pipelines/sampling/cv \
+        --out pipelines/sampling/cv.json --markdown pipelines/sampling/cv.md
 
-Settings: `cv:` in pipelines/sampling/params.yaml (platform, folds, ratios, seeds, candidates).
+`run` writes one platform's runs; `summary` pools every platform's: mean ± sd over platforms ×
+folds × seeds, and each candidate paired with the reference on the same platform, fold and seed.
+Settings: `cv:` in pipelines/sampling/params.yaml (platforms, folds, ratios, seeds, candidates).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -68,12 +73,12 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def paired(rows: list[dict], reference: str, key: str = "task_top1") -> list[dict]:
-    """Each candidate minus `reference` on the same fold and seed (the folds' tasks differ in
-    difficulty far more than the candidates do, so the paired difference is the sharper test)."""
-    ref = {(r["ratio"], r["fold"], r["seed"]): r[key] for r in rows if r["candidate"] == reference}
+    """Each candidate minus `reference` on the same platform, fold and seed (the folds' tasks differ
+    in difficulty far more than the candidates do, so the paired difference is the sharper test)."""
+    ref = {(r["platform"], r["ratio"], r["fold"], r["seed"]): r[key] for r in rows if r["candidate"] == reference}
     groups: dict = {}
     for r in rows:
-        k = (r["ratio"], r["fold"], r["seed"])
+        k = (r["platform"], r["ratio"], r["fold"], r["seed"])
         if r["candidate"] != reference and k in ref:
             groups.setdefault((r["candidate"], r["ratio"]), []).append(r[key] - ref[k])
     out = []
@@ -85,9 +90,11 @@ def paired(rows: list[dict], reference: str, key: str = "task_top1") -> list[dic
     return out
 
 
-def markdown(cells: list[dict], diffs: list[dict], cv: dict, n_train: int, n_tasks: int) -> str:
-    lines = [f"Cross-validation over {cv['platform']}'s training tasks ({n_train} programs, {n_tasks} tasks, "
-             f"{cv['folds']} folds by task, seeds {', '.join(map(str, cv['seeds']))}): mean ± sd over folds × seeds "
+def markdown(cells: list[dict], diffs: list[dict], per_platform: dict[str, list[dict]], cv: dict,
+             sizes: dict[str, dict]) -> str:
+    platforms = ", ".join(f"{p} ({n['programs']} programs, {n['tasks']} tasks)" for p, n in sizes.items())
+    lines = [f"Cross-validation over the training tasks of {platforms}; {cv['folds']} folds by task, seeds "
+             f"{', '.join(map(str, cv['seeds']))}: mean ± sd over platforms × folds × seeds "
              "(± se: the standard error of the mean).", "",
              "| ratio | candidate | runs | task top-1 | ± se | task top-5 | top-1 | top-5 | pairwise | sampler s |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -97,42 +104,82 @@ def markdown(cells: list[dict], diffs: list[dict], cv: dict, n_train: int, n_tas
                      f"| {c['top1']:.3f} ± {c['top1_sd']:.3f} | {c['top5']:.3f} ± {c['top5_sd']:.3f} "
                      f"| {c['pairwise']:.3f} | {c['sampler_seconds']:.2f} |")
     if diffs:
-        lines += ["", f"Paired with {diffs[0]['reference']} (same fold and seed), task top-1 difference:", "",
+        lines += ["", f"Paired with {diffs[0]['reference']} (same platform, fold and seed), task top-1 difference:", "",
                   "| ratio | candidate | runs | mean difference | ± se | runs above |", "|---:|---|---:|---:|---:|---:|"]
         lines += [f"| {d['ratio']:.0%} | {d['candidate']} | {d['runs']} | {d['mean']:+.3f} | {d['se']:.3f} "
                   f"| {d['wins']} of {d['runs']} |" for d in diffs]
+    if len(per_platform) > 1:
+        names = sorted({(d["candidate"], d["ratio"]) for ds in per_platform.values() for d in ds},
+                       key=lambda k: (k[1], k[0]))
+        lines += ["", "The same difference per platform (mean ± se over its folds × seeds):", "",
+                  "| ratio | candidate | " + " | ".join(per_platform) + " |",
+                  "|---:|---|" + "---:|" * len(per_platform)]
+        for name, ratio in names:
+            cells_p = []
+            for ds in per_platform.values():
+                d = next((d for d in ds if d["candidate"] == name and d["ratio"] == ratio), None)
+                cells_p.append("-" if d is None else f"{d['mean']:+.3f} ± {d['se']:.3f}")
+            lines.append(f"| {ratio:.0%} | {name} | " + " | ".join(cells_p) + " |")
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default="params.yaml")
-    ap.add_argument("--study-params", default="pipelines/sampling/params.yaml")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--markdown", required=True)
-    a = ap.parse_args()
-    params = load_params(a.params)
-    cv = load_params(a.study_params)["cv"]
-    split = f"data/splits/{cv['platform']}"
+def run_platform(platform: str, params: dict, cv: dict) -> dict:
+    """Every (fold, ratio, candidate, seed) of one platform: its rows and the split's size."""
+    split = f"data/splits/{platform}"
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     folds = task_folds(len(train.tasks), int(cv["folds"]), int(cv["fold_seed"]))
     jobs = [(f, name, float(ratio), int(seed)) for f in range(len(folds)) for ratio in cv["ratios"]
             for name in cv["candidates"] for seed in cv["seeds"]]
     rows = []
-    for f, name, ratio, seed in tqdm(jobs, desc="cv"):
+    for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
         held_mask = np.isin(train.task, folds[f])
         pool, held = train.subset(~held_mask), train.subset(held_mask)
         spec = cv["candidates"][name]
         t0 = time.perf_counter()
         sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
                                    candidate_params(params, spec.get("sample", {})), seed=seed)
-        rows.append({"candidate": name, "ratio": ratio, "seed": seed, "fold": f, "selected": len(sub),
-                     "held_tasks": [train.tasks[t] for t in folds[f]], "sampler_seconds": sel.seconds,
-                     **train_and_score(sub, valid, held, params, seed, KEYS, threads=1), "seconds": time.perf_counter() - t0})
-    cells, diffs = summarize(rows), paired(rows, cv.get("reference", "random"))
-    atomic_write_json(a.out, {"cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
-                              "summary": cells, "paired": diffs, "runs": rows})
-    text = markdown(cells, diffs, cv, len(train), len(train.tasks))
+        rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
+                     "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
+                     "sampler_seconds": sel.seconds,
+                     **train_and_score(sub, valid, held, params, seed, KEYS, threads=1),
+                     "seconds": time.perf_counter() - t0})
+    return {"platform": platform, "cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
+            "runs": rows}
+
+
+def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
+    """Pool the platforms' runs: the summary JSON and its markdown."""
+    rows = [r for res in results for r in res["runs"]]
+    reference = cv.get("reference", "random")
+    cells, diffs = summarize(rows), paired(rows, reference)
+    per_platform = {res["platform"]: paired(res["runs"], reference) for res in results}
+    sizes = {res["platform"]: {"programs": res["train_programs"], "tasks": res["train_tasks"]} for res in results}
+    out = {"cv": cv, "platforms": sizes, "summary": cells, "paired": diffs, "paired_per_platform": per_platform}
+    return out, markdown(cells, diffs, per_platform, cv, sizes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one platform's runs")
+    run.add_argument("--platform", required=True)
+    run.add_argument("--params", default="params.yaml")
+    run.add_argument("--study-params", default="pipelines/sampling/params.yaml")
+    run.add_argument("--out", required=True)
+    summary = sub.add_parser("summary", help="pool the platforms' runs")
+    summary.add_argument("--runs", required=True, help="folder of `run` outputs (<platform>.json)")
+    summary.add_argument("--study-params", default="pipelines/sampling/params.yaml")
+    summary.add_argument("--out", required=True)
+    summary.add_argument("--markdown", required=True)
+    a = ap.parse_args()
+    cv = load_params(a.study_params)["cv"]
+    if a.command == "run":
+        atomic_write_json(a.out, run_platform(a.platform, load_params(a.params), cv))
+        return
+    # the platforms of params.yaml, in its order: a stale file of a dropped platform is not read
+    results = [json.loads(Path(a.runs, f"{p}.json").read_text()) for p in cv["platforms"]]
+    out, text = summarize_platforms(results, cv)
+    atomic_write_json(a.out, out)
     atomic_write_text(a.markdown, text)
     print(text)
 

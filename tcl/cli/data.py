@@ -45,7 +45,7 @@ def hardware_list(as_json: bool) -> None:
         {"platform": p.name, "family": p.family, "vendor": p.vendor, "architecture": p.architecture,
          "isa": p.isa, "cpu": p.cpu, "cores": p.cores, "compute_capability": p.compute_capability,
          "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted,
-         "defined_in": p.defined_in}
+         "host_cpu": p.host_cpu, "defined_in": p.defined_in}
         for p in reg.platforms.values()
     ]
     if as_json:
@@ -75,16 +75,21 @@ def hardware_list(as_json: bool) -> None:
 @click.option("--cpu", default="", help="What the hardware is, in words.")
 @click.option("--cores", type=int, default=None)
 @click.option("--restricted", default="", help="What differs from the full machine (ISA, threads).")
-def hardware_add(name, family, target_json, threads, cpu, cores, restricted) -> None:
+@click.option("--host-cpu", default="",
+              help="Text the CPU model name of the host measuring this platform contains (e.g. 'EPYC 9R14'); "
+                   "`tcl collect`/`tcl tune` warn when measuring it on another CPU without RPC. "
+                   "'here': this host's model name.")
+def hardware_add(name, family, target_json, threads, cpu, cores, restricted, host_cpu) -> None:
     """Add platform NAME to the project's user registry (see `tcl hardware list` for its path)."""
-    from ..hardware import HardwareRegistryError, add_platform, check_target
+    from ..hardware import HardwareRegistryError, add_platform, check_target, local_cpu_model
 
     try:
         target = None if target_json is None else check_target(target_json, "--target")
         if target is not None:
             _check_target_with_tvm(target)
         p = add_platform(name, family, target=target, threads=threads, cpu=cpu, cores=cores,
-                         restricted=restricted)
+                         restricted=restricted,
+                         host_cpu=local_cpu_model() if host_cpu == "here" else host_cpu)
     except HardwareRegistryError as exc:
         _fail(str(exc))
     click.echo(f"added platform {p.name} (family {p.family}{', measurable' if p.measurable else ''}) "
@@ -135,6 +140,19 @@ def _rpc(tracker: str | None, key: str | None):
         return RpcSettings.from_options(tracker, key)
     except ValueError as e:
         _fail(str(e))
+
+
+def warn_if_other_host(platform, rpc) -> list[str]:
+    """Warn (stderr) when measuring `platform` here, without RPC, on a CPU that is not its own
+    (hardware registry ``host_cpu``); the warnings given. The JSON lines keep their contracts:
+    the mismatch is recorded in the database's collect.json and the tuning run's MLflow tags."""
+    from ..hardware import host_mismatch
+
+    why = None if rpc is not None else host_mismatch(platform)
+    if why is None:
+        return []
+    click.echo(f"warning: {why}", err=True)
+    return [why]
 
 
 @click.command()
@@ -196,8 +214,10 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     except KeyError as exc:
         _fail(exc.args[0])
     settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
+    rpc = _rpc(rpc_tracker, rpc_key)
+    warn_if_other_host(platform, rpc)
     if strategy is not None:
-        result = _collect_active(platform, list(tasks.values()), out, settings, _rpc(rpc_tracker, rpc_key),
+        result = _collect_active(platform, list(tasks.values()), out, settings, rpc,
                                  strategy, budget, rounds, pool_size, seed, model_ref, params_path)
         click.echo(json.dumps(json_safe(result)) if as_json else
                    f"{platform.name}: {result['measured']} measured now, {result['present']} already present "
@@ -208,7 +228,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
 
     try:
         summary = run_collect([platform], list(tasks.values()), trials, out, settings=settings, seed=seed,
-                              rpc=_rpc(rpc_tracker, rpc_key), per_platform_dirs=False)
+                              rpc=rpc, per_platform_dirs=False)
     except (ValueError, ConnectionError) as exc:
         _fail(str(exc))
     s = summary[platform.name]
@@ -275,6 +295,8 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
         platforms = [get_platform(name) for name in platform_names]
     except (KeyError, ValueError) as exc:
         _fail(f"{params_path}: {exc.args[0]}", 1)
+    for platform in platforms:
+        warn_if_other_host(platform, None)
     summary = run_collect(platforms, tasks, spec["programs_per_task"], spec["out"],
                           settings=_settings(spec.get("measure")), seed=spec.get("seed", 0))
     click.echo(json.dumps(summary, indent=2))

@@ -79,6 +79,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
     from ..hardware import get_platform
+    from .data import warn_if_other_host
 
     try:
         platform = get_platform(platform_name)
@@ -86,6 +87,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
         _fail(exc.args[0])
     tasks = _tasks(workload, workload_db, task_index, network)
     rpc = _rpc(rpc_tracker, rpc_key)
+    warnings = warn_if_other_host(platform, rpc)
     settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     from .. import tracking
     from ..io import json_safe
@@ -106,6 +108,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
         import mlflow
 
         mlflow.log_params(params)
+        if warnings:
+            mlflow.set_tag("host_mismatch", warnings[0][:500])
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
                               settings=settings, progress=progress, fine_tune=fine_tune)

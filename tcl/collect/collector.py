@@ -20,7 +20,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from ..hardware import Platform
+from ..hardware import Platform, host_mismatch, local_cpu_model
 from ..io import atomic_write_json
 from .measure import (
     MeasureSettings,
@@ -74,6 +74,9 @@ def record_settings(out: Path, platform: Platform, settings: MeasureSettings, se
         "seed": seed,
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": tvm.__version__,
+        # where the latencies come from: this host, unless measured over RPC
+        "host_cpu": None if rpc is not None else local_cpu_model(),
+        "host_mismatch": None if rpc is not None else host_mismatch(platform),
     })
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import orjson
 
+from ..hardware import local_cpu_model
 from ..records import check_latencies, steps_id, steps_json
 from ..records.metaschedule import trace_to_steps
 from .measure import (
@@ -48,15 +49,13 @@ def machine_info() -> dict:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         cpuinfo = ""
-    model, flags = None, []
+    flags = []
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model is None:
-            model = value.strip()
-        elif key == "flags" and not flags:
+        if key.strip() == "flags":
             flags = value.split()
-    info["cpu_model"] = model or pyplatform.processor() or "unknown"
+            break
+    info["cpu_model"] = local_cpu_model()
     simd = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "bmi")
     info["isa_flags"] = sorted(f for f in flags if f.startswith(simd))
     info["logical_cpus"] = os.cpu_count()
