@@ -215,12 +215,22 @@ def make_runner(threads: int, settings: MeasureSettings, rpc: RpcSettings | None
     return ms.runner.LocalRunner(timeout_sec=settings.run_timeout_s, evaluator_config=evaluator)
 
 
+TRACKER_PROBE_S = 5.0  # seconds a TCP connect to the tracker may take before it counts as unreachable
+
+
 def check_tracker(rpc: RpcSettings) -> None:
     """Fail fast, with a reason, when the tracker is unreachable or has no server for the key
     (MetaSchedule's RPC runner would otherwise wait for one forever)."""
+    import socket
+
     from tvm import rpc as tvm_rpc
 
     where = f"{rpc.tracker_host}:{rpc.tracker_port}"
+    # TVM's own connect retries for 60 s; a plain connect tells a dead address in a moment
+    try:
+        socket.create_connection((rpc.tracker_host, rpc.tracker_port), timeout=TRACKER_PROBE_S).close()
+    except OSError as exc:
+        raise ConnectionError(f"RPC tracker {where} is unreachable: {exc}") from None
     try:
         summary = tvm_rpc.connect_tracker(rpc.tracker_host, rpc.tracker_port).summary()
     except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a dead socket
