@@ -65,6 +65,7 @@ def record_settings(out: Path, platform: Platform, settings: MeasureSettings, se
                      rpc: RpcSettings | None) -> None:
     import tvm
 
+    local_cpu = None if rpc is not None else local_cpu_model()  # where the latencies come from
     atomic_write_json(out / "collect.json", {
         "platform": platform.name,
         "family": platform.family,
@@ -74,9 +75,8 @@ def record_settings(out: Path, platform: Platform, settings: MeasureSettings, se
         "seed": seed,
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": tvm.__version__,
-        # where the latencies come from: this host, unless measured over RPC
-        "host_cpu": None if rpc is not None else local_cpu_model(),
-        "host_mismatch": None if rpc is not None else host_mismatch(platform),
+        "host_cpu": local_cpu,
+        "host_mismatch": None if local_cpu is None else host_mismatch(platform, local_cpu),
     })
 
 
