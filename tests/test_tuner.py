@@ -191,6 +191,13 @@ def test_tcl_tune_writes_a_database_that_ingests(kb, tmp_path, store):
 
     table = pq.read_table(tmp_path / "t.parquet")
     assert set(table.column("task_id").to_pylist()) == {"dense_64"}
+    # the records say which CPU their latencies are from (tune.json, carried as provenance)
+    from tcl.hardware import get_platform, host_mismatch, local_cpu_model
+    from tcl.records.ingest import read_provenance
+
+    origin = read_provenance(table)["origin"]
+    assert origin["made_by"] == "tcl tune" and origin["host_cpu"] == local_cpu_model()
+    assert origin["host_mismatch"] == host_mismatch(get_platform(PLATFORM))
     # the run is an MLflow run with the figures
     import mlflow
 
@@ -306,8 +313,9 @@ def test_tune_measures_through_an_rpc_tracker_and_server(tmp_path):
                        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
         (task,) = tune_json(proc)["tasks"]
         assert task["trials"] == 4 and task["best_latency_s"] > 0
-        assert json.loads((out / "tune.json").read_text())["rpc"] == {"tracker": f"127.0.0.1:{port}",
-                                                                       "key": "tcl-tune"}
+        settings = json.loads((out / "tune.json").read_text())
+        assert settings["rpc"] == {"tracker": f"127.0.0.1:{port}", "key": "tcl-tune"}
+        assert settings["host_cpu"] is None and settings["host_mismatch"] is None  # the device's, not ours
 
 
 def test_tasks_of_a_network_and_of_a_workload_database():

@@ -518,9 +518,14 @@ def dataset_noise(platform_name, raw_root, programs, seed, out, as_json, progres
     from ..io import atomic_write_json
 
     try:
-        get_platform(platform_name)
+        platform = get_platform(platform_name)
+    except (KeyError, ValueError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc), 1)
+    # re-measuring on another CPU compares that CPU's latencies with the platform's: say so
+    warn_if_other_host(platform, None)
+    try:
         report = remeasure(Path(raw_root) / platform_name, platform_name, programs, seed, progress=progress)
-    except (KeyError, FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:
         _fail(exc.args[0] if exc.args else str(exc), 1)
     if out:
         atomic_write_json(out, report)

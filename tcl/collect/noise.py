@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from ..hardware import local_cpu_model
+from ..hardware import get_platform, host_mismatch, local_cpu_model
 from ..records import check_latencies, steps_id, steps_json
 from ..records.metaschedule import trace_to_steps
 from .measure import (
@@ -249,9 +249,13 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
     for row in detail:
         if "rel_diff" in row:
             per_task.setdefault(row["task"], []).append(row["rel_diff"])
+    here = local_cpu_model()
     return {
         "platform": platform,
         "db": str(db_dir),
+        # the CPU the re-measurement ran on, and why it is not the platform's (None: it is)
+        "host_cpu": here,
+        "host_mismatch": host_mismatch(get_platform(platform), here),
         "target": target,
         "threads": threads,
         "settings": {k: recorded.get("settings", {}).get(k) for k in ("number", "repeat", "min_repeat_ms",

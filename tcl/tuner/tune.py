@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tcl.collect.measure import (FAILED_RUN_SECS, MeasureSettings, RpcSettings, make_builder, make_runner,
                                  open_database, use_x86_intrinsics_only)
-from tcl.hardware import Platform
+from tcl.hardware import Platform, host_mismatch, local_cpu_model
 from tcl.io import atomic_write_json
 
 TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
@@ -147,6 +147,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     builder = make_builder(settings)
     database = open_database(out)
     _write_tasks_json(out, tasks)
+    local_cpu = None if rpc is not None else local_cpu_model()  # where the latencies come from
     atomic_write_json(out / "tune.json", {
         "platform": platform.name, "family": platform.family, "target": platform.target,
         "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
@@ -154,6 +155,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "seed": seed, "settings": settings.as_dict(), "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
+        "host_cpu": local_cpu,
+        "host_mismatch": None if local_cpu is None else host_mismatch(platform, local_cpu),
     })
     target = Target(dict(platform.target))
     contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
