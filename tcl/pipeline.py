@@ -180,10 +180,12 @@ def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_pa
     MLflow parent run, a nested run per phase). The first platform is learned from its whole
     training split; each later one, when ``continual.target_ratio`` is set, from its sampled
     subset (:func:`subset_file`, the sample stage's out; logged as an artifact of the parent run),
-    as a new platform joins a family with ~10% of its programs measured. Validation and test
+    as a new platform joins a family with ~10% of its programs measured; with
+    ``continual.target_pool`` its whole training split, labels blanked, is its pool of unmeasured
+    programs (the distillation terms run on them too). Validation and test
     splits are whole. `train_overrides` (the stage's command line) go over ``pipeline.train``.
     The plots are the KD phases' epochs, one after another."""
-    from tcl.continual.schedule import ContinualError, load_platform, run_schedule
+    from tcl.continual.schedule import ContinualError, load_platform, run_schedule, settings, unmeasured
     from tcl.features import FeatureFileError, load_feature_set
     from tcl.io import atomic_write_json
 
@@ -191,6 +193,10 @@ def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_pa
     platforms = family_platforms(family, params)
     split_files(platforms, "train", splits_dir)  # a clear error when a split is missing
     target = target_subset(params)
+    try:
+        pool = bool(settings(params)["target_pool"])
+    except ContinualError as exc:
+        raise click.ClickException(str(exc)) from None
     data = [load_platform(p, splits_dir) for p in platforms]
     for d in data[1:] if target else []:
         path = subset_file(d.platform, *target, subsets_dir)
@@ -203,6 +209,8 @@ def ckd_family(family: str, out: str, loss_plot: str, valid_plot: str, params_pa
             raise click.ClickException(str(exc)) from None
         if subset.platform != d.platform:
             raise click.ClickException(f"{path} holds programs of platform {subset.platform!r}, not {d.platform!r}")
+        if pool:  # the programs the subset was chosen from, unmeasured
+            d.pool = unmeasured(d.train)
         d.train, d.train_file = subset, path
     pipe = dict(params.get("pipeline") or {})
     params = {**params, "pipeline": {**pipe, "train": {**(pipe.get("train") or {}), **(train_overrides or {})}}}

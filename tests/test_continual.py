@@ -181,6 +181,49 @@ def test_kd_task_term_adds_alpha_times_the_kb_label_loss(tmp_path, one_torch_thr
     assert row["loss_distill"] > 0
 
 
+def _relabelled(fs, seed: int):
+    """`fs` with its latencies (and labels) shuffled: other measurements of the same programs."""
+    out = fs.subset(np.arange(len(fs)))
+    order = np.random.default_rng(seed).permutation(len(out))
+    out.latency, out.y = out.latency[order], out.y[order]
+    return out
+
+
+def test_unmeasured_programs_extend_distillation_and_their_labels_are_never_read(tmp_path, one_torch_thread,
+                                                                                taught_kb):
+    """A platform's pool of unmeasured programs joins every distillation term (CL's AC <- KB, KD's
+    KB <- AC, with α > 0 beside KD's task term): the phases learn something else with it, and
+    nothing of its latencies: shuffling them (even without `unmeasured` blanking them) changes no
+    weight, bit for bit. The task terms still read the measured programs."""
+    from tcl.continual.schedule import unmeasured
+
+    cfg = {**settings(PARAMS), "kd_guard": "none", "alpha_task": 0.5}
+    pool = make_fs(seed=7, platform="p1")
+
+    def run(pool_fs, tag):
+        data = _platform("p1", 1)
+        data.pool = pool_fs
+        ac = _model("ac")
+        cl = cl_phase(ac, taught_kb, data, [data], cfg, TRAIN, tmp_path / f"cl-{tag}")
+        (tmp_path / tag).mkdir()
+        kb = load_model_copy(taught_kb, tmp_path / tag)
+        _, kd = kd_phase(kb, ac, data, [data], None, cfg, TRAIN, tmp_path / f"kd-{tag}")
+        return _state(ac), _state(kb), cl, kd
+
+    ac_a, kb_a, cl_a, kd_a = run(pool, "a")
+    ac_b, kb_b, _, _ = run(_relabelled(pool, 1), "b")
+    assert _same(ac_a, ac_b) and _same(kb_a, kb_b)
+    ac_c, kb_c, _, _ = run(unmeasured(pool), "c")
+    assert _same(ac_a, ac_c) and _same(kb_a, kb_c)
+    ac_none, kb_none, _, _ = run(None, "none")
+    assert not _same(ac_a, ac_none) and not _same(kb_a, kb_none)  # the pool was learned from
+    # the measured programs' task loss is there, in both phases
+    assert all(r["loss_task"] > 0 and r["loss_distill"] > 0 for r in cl_a["epochs"] + kd_a["epochs"])
+    blank = unmeasured(pool)
+    assert not blank.y.any() and np.isnan(blank.latency).all() and blank.meta["unmeasured"]
+    assert np.array_equal(blank.x, pool.x) and np.array_equal(blank.task, pool.task)
+
+
 def test_a_phase_keeps_the_epoch_best_on_continual_select(tmp_path, one_torch_thread, taught_kb):
     """continual.select reaches each phase's early stopping: the AC kept after CL is the epoch with
     the highest mean validation pairwise accuracy (recomputed here), not the best top-1."""
@@ -328,7 +371,7 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
 
     args = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"],
-            "--target-valid", files["x86-sse-t2"], "--from", tmp_path / "kb",
+            "--target-valid", files["x86-sse-t2"], "--target-pool", files["x86-sse-t2"], "--from", tmp_path / "kb",
             "--sources", "x86-sse-t1,x86-avx2-t2", "--splits", tmp_path / "splits",
             "--params", tmp_path / "params.yaml", "--out", tmp_path / "new", "--register", "--json"]
     res = CliRunner().invoke(main, [str(a) for a in args])
@@ -340,6 +383,7 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     assert set(out["sources_top1_before"]) == set(out["sources_top1_after"]) == {"x86-sse-t1"}
     assert len(out["phi"]) == PARAMS["continual"]["cl"]["epochs"] and all(0.1 <= p <= 1 for p in out["phi"])
     assert out["subset_hash"] == hashlib.md5(files["x86-sse-t2"].read_bytes()).hexdigest()
+    assert out["pool_programs"] == len(FeatureSet.load(files["x86-sse-t2"]))
 
     # the run: a parent with the target's phases nested under it
     client = mlflow.MlflowClient()
@@ -369,6 +413,7 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     assert again.exit_code == 0, again.output
     nxt = json.loads(again.stdout.strip().splitlines()[-1])
     assert nxt["start"] == "models:/tcl-kb-x86-sse@candidate" and "Fisher" not in again.stderr
+    assert nxt["pool_programs"] == 0
     assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
 
 
@@ -428,6 +473,7 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     assert t2["file"] == str(subset_path) and t2["hash"] == md5(subset_path)
     assert t2["programs"] == len(subset) == round(0.25 * len(full))
     assert t2["sample"]["strategy"] == "random" and t2["sample"]["seed"] == 3
+    assert "unmeasured_programs" not in t2  # continual.target_pool is off by default
     # the KD phase of the later platform trained on the subset's programs, not the whole split
     client = mlflow.MlflowClient()
     kd_run = client.get_run(summary["per_platform"][1]["runs"]["kd"])
@@ -464,6 +510,15 @@ def test_pipeline_ckd_stage_learns_later_platforms_from_their_sampled_subsets(tm
     assert {r["model"] for r in rows} == {"kb", "scratch"} and len({frozenset(r) for r in rows}) == 1
     scratch_rows = [r for r in rows if r["model"] == "scratch"]
     assert len(scratch_rows) == len(rows) / 2 and all(r["label"].startswith("scratch: ") for r in scratch_rows)
+
+    # continual.target_pool: the later platform's whole training split joins as unmeasured programs
+    pooled = {**params, "continual": {**continual, "target_pool": True}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(pooled))
+    res = CliRunner().invoke(pipeline, [*args[:2], "--out", str(tmp_path / "kb-pool"), *args[4:]])
+    assert res.exit_code == 0, res.output
+    pooled_data = json.loads((tmp_path / "kb-pool" / "continual.json").read_text())["train_data"]
+    assert pooled_data["x86-sse-t2"]["unmeasured_programs"] == len(full)
+    assert pooled_data["x86-sse-t2"]["programs"] == len(subset) and "unmeasured_programs" not in pooled_data["x86-sse-t1"]
 
     # the ratio must be one the sample stage makes, and the subset must exist
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "continual": {**continual, "target_ratio": 0.5}}))

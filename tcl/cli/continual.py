@@ -28,6 +28,9 @@ def _params(path: str) -> dict:
               help="the new platform's validation programs (early stopping)")
 @click.option("--target-test", "target_test", type=click.Path(exists=True, dir_okay=False), default=None,
               help="the new platform's held-out programs (before/after top-1; the registered metrics)")
+@click.option("--target-pool", "target_pool", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="the new platform's unmeasured programs (a feature set, e.g. the pool the subset was "
+                   "sampled from; labels never read): the distillation terms run on them too")
 @click.option("--from", "start", default=None,
               help="KB to start from: a checkpoint, a training dir or models:/tcl-kb-F@alias "
                    "(default: models:/tcl-kb-FAMILY@production, else @candidate)")
@@ -40,8 +43,8 @@ def _params(path: str) -> dict:
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
 @click.option("--no-track", is_flag=True, help="no MLflow runs (nor --register)")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON line")
-def transfer(family, target_data, target_valid, target_test, start, sources, splits_dir, do_register,
-             out, params_path, no_track, as_json):
+def transfer(family, target_data, target_valid, target_test, target_pool, start, sources, splits_dir,
+             do_register, out, params_path, no_track, as_json):
     """Bring a new platform's data into FAMILY's KB: target CL (AC learns, KB teaches), then target
     KD (KB learns from the AC under EWC). Writes the new KB to OUT/model.pt."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -59,7 +62,8 @@ def transfer(family, target_data, target_valid, target_test, start, sources, spl
             start_family = info.get("family") if "version" in info else None
             start_ref = info.get("model_uri") or info.get("source") or str(ckpt)
             summary = run_transfer(ckpt, family, target_data, params, out, target_valid=target_valid,
-                                   target_test=target_test, sources=source_list, splits_dir=splits_dir,
+                                   target_test=target_test, target_pool=target_pool,
+                                   sources=source_list, splits_dir=splits_dir,
                                    start_family=start_family, start_ref=start_ref, track=not no_track)
         if do_register:
             if summary["eval"]["top1"] is None:
@@ -174,7 +178,7 @@ def ckd_study_sources(family, source_set, start, out, seed, study_path, params_p
 @ckd_study.command("run")
 @click.argument("family")
 @click.option("--variant", required=True, help="scratch-10 | scratch-100 | finetune | mtl | ckd | ckd-fixed-phi | "
-                                               "ckd-no-ewc | ckd-no-kd")
+                                               "ckd-no-ewc | ckd-no-kd | ckd-pool")
 @click.option("--sources", "source_set", default="same", show_default=True, help="the source set (same | cross | all)")
 @click.option("--source-kb", type=click.Path(exists=True, file_okay=False), default=None,
               help="the source set's KB (`tcl ckd-study sources`); finetune and the ckd variants start from it")

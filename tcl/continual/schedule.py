@@ -27,6 +27,14 @@ For each platform t of a family, in order (``learn_platform``):
    kept the source KB in 10 of 12 study runs, so the KB learned nothing of the target); ``none``
    keeps early stopping's epoch. Then the Fisher information of D_t is added to the KB's state.
 
+**Unmeasured programs** (``PlatformData.pool``, optional): programs of platform t whose features
+are known but whose latencies are not (the pool a sampler chose D_t from; free to generate, costly
+to measure). Where given, every distillation term also runs on them: the AC start and CL's
+L_distill(AC ← KB), and KD's L_distill(KB ← AC), in batches of their own (a pool batch carries no
+task loss); their labels are never read (:func:`unmeasured` blanks them). With 10% of a platform
+measured, the teacher then hands over its ranking on all of the platform's programs rather than on
+the few hundred measured ones.
+
 A teacher is frozen by construction: its scores on D_t are computed once before the phase and
 the phase never touches its weights. Batches never mix platforms (each phase trains on one).
 Settings: params.yaml ``continual:`` (:func:`settings`); each phase trains with ``train:``, then
@@ -85,6 +93,9 @@ DEFAULTS = {
     # the main job (tcl.pipeline ckd): a family's later platforms learn from this share of their
     # training programs (the sample stage's subset); None: from their whole training split
     "target_ratio": None,
+    # the main job: with target_ratio, a later platform's whole training split, its labels blanked
+    # (`unmeasured`), is that platform's pool of unmeasured programs (what its subset was chosen from)
+    "target_pool": False,
 }
 KD_GUARDS = ("target", "mean", "none")
 MODEL_FILE = "model.pt"
@@ -142,6 +153,8 @@ class PlatformData:
     # when set, what the per-epoch seen-platform metrics are read on (a study's curves on the held-out
     # split: reported only; early stopping and the KD guard read `valid`)
     curve: object = None
+    # the platform's unmeasured programs (features only; `unmeasured`): distillation runs on them too
+    pool: object = None
 
     @property
     def monitor(self):
@@ -166,6 +179,37 @@ def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
     return PlatformData(platform, **parts, train_file=str(d / "train.npz") if parts["train"] is not None else None)
 
 
+def unmeasured(fs):
+    """`fs` as unmeasured programs: the same features and tasks, every label blanked (y 0, latency
+    nan), so nothing downstream can learn from a latency the sampler did not pay for."""
+    pool = fs.subset(np.arange(len(fs)))
+    pool.y = np.zeros_like(pool.y)
+    pool.latency = np.full_like(pool.latency, np.nan)
+    pool.meta = {**pool.meta, "unmeasured": True}
+    return pool
+
+
+def _with_pool(sets: list, data: PlatformData) -> list:
+    """`sets` and, when `data` has unmeasured programs, them last (batches never mix sets)."""
+    return [*sets, data.pool] if data.pool is not None and len(data.pool) else list(sets)
+
+
+def _measured_task_loss(loss: str, weight: float, n_measured: int):
+    """The task loss as an extra term that skips batches of the unmeasured pool (training sets
+    `n_measured` and beyond): it replaces fit_net's own ``task`` term (same name), which would
+    apply to every set."""
+    from tcl.losses import get_loss
+
+    loss_fn = get_loss(loss)
+
+    def term(batch, scores, model):
+        if batch.platform >= n_measured:
+            return scores.sum() * 0.0
+        return weight * loss_fn(scores, batch.y, batch.task)
+
+    return term
+
+
 def train_data_info(data: PlatformData) -> dict:
     """What a platform was learned from: the file, its hash (tracking.data_hash), its programs and,
     for a sampled subset (``meta["sample"]``, `tcl sample`), how they were chosen."""
@@ -177,6 +221,8 @@ def train_data_info(data: PlatformData) -> dict:
     if how:
         info["sample"] = {k: how.get(k) for k in ("strategy", "ratio", "seed", "rounds", "selected", "pool",
                                                  "seconds")}
+    if data.pool is not None:
+        info["unmeasured_programs"] = int(len(data.pool))
     return info
 
 
@@ -260,7 +306,8 @@ def init_ac(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tra
     every seen platform at hand, platform t's among them; early stopping on D_t's validation set."""
     from tcl.training import train_model
 
-    sets = [d.train for d in seen if d.train is not None and len(d.train) and d is not data] + [data.train]
+    sets = _with_pool([d.train for d in seen if d.train is not None and len(d.train) and d is not data]
+                      + [data.train], data)
     sharp = cfg["distill"]["sharpness"]
     targets = [teacher_targets(kb.predict_features(fs), fs.task, sharp) for fs in sets]
     p = {**train_params, "loss": "none", "epochs": int(cfg["ac_init_epochs"])}
@@ -277,14 +324,20 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
     from tcl.training import train_model
 
     extra, phi, quality = {}, None, None
+    sets = [data.train]
     if kb is not None:
         quality = teacher_quality(kb, data.train)
         phi = lambda e: phi_at(e, quality, cfg["phi"])  # noqa: E731
-        targets = teacher_targets(kb.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
+        sets = _with_pool(sets, data)  # the KB teaches on the unmeasured programs too
+        if len(sets) > 1:
+            extra["task"] = _measured_task_loss(train_params["loss"], float(train_params.get("task_weight", 1.0)), 1)
+            train_params = {**train_params, "loss": "none"}
+        sharp = cfg["distill"]["sharpness"]
+        targets = [teacher_targets(kb.predict_features(fs), fs.task, sharp) for fs in sets]
         beta = float(cfg["beta"])
-        extra["distill"] = distill_term([targets], lambda e: beta * phi(e))
+        extra["distill"] = distill_term(targets, lambda e: beta * phi(e))
     log = PhaseLog(ac, seen, phi, track)
-    train_model(ac, [data.train], [data.valid] if data.valid is not None else [], train_params, out_dir,
+    train_model(ac, sets, [data.valid] if data.valid is not None else [], train_params, out_dir,
                 run=log, progress=False, extra_losses=extra)
     return {"quality": quality, "phi": [r["phi"] for r in log.rows] if phi else [], "epochs": log.rows}
 
@@ -299,8 +352,10 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     mean over the seen platforms) and, for ``target``, the kept epoch and the sources' start."""
     from tcl.training import train_model
 
-    targets = teacher_targets(ac.predict_features(data.train), data.train.task, cfg["distill"]["sharpness"])
-    extra = {"distill": distill_term([targets], lambda e: 1.0)}
+    sets = _with_pool([data.train], data)  # the AC teaches on the unmeasured programs too
+    sharp = cfg["distill"]["sharpness"]
+    extra = {"distill": distill_term([teacher_targets(ac.predict_features(fs), fs.task, sharp) for fs in sets],
+                                     lambda e: 1.0)}
     if ewc is not None:
         lam = float(cfg["lambda_ewc"])
         extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
@@ -311,8 +366,11 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     start_valid = _mean_metric(kb, valid, metric) if mode == "mean" else None
     alpha = float(cfg["alpha_task"])
     task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
+    if alpha > 0 and len(sets) > 1:
+        extra["task"] = _measured_task_loss(train_params["loss"], alpha, 1)
+        task = {"loss": "none"}
     log = PhaseLog(kb, seen, track=track, guard=guard)
-    train_model(kb, [data.train], valid, {**train_params, **task}, out_dir, run=log,
+    train_model(kb, sets, valid, {**train_params, **task}, out_dir, run=log,
                 progress=False, extra_losses=extra)
     report = {"guard": mode, "select": metric}
     if guard is not None:
@@ -549,7 +607,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
              params: dict, out: str | os.PathLike, target_valid: str | os.PathLike | None = None,
              target_test: str | os.PathLike | None = None, sources: list[str] | None = None,
              splits_dir: str | os.PathLike = "data/splits", start_family: str | None = None,
-             start_ref: str = "", track: bool = True) -> dict:
+             start_ref: str = "", track: bool = True, target_pool: str | os.PathLike | None = None) -> dict:
     """Bring a new platform's data (typically an RDU subset) into a family's KB: target CL then
     target KD from the KB at `start_checkpoint`. Writes the new KB to ``out/model.pt`` (the
     format `tcl evaluate`, `tcl export` and `tcl register` read) with ``out/mlflow_run.json``
@@ -558,7 +616,11 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
 
     Sources (default: the family's other platforms in the hardware registry) are read from
     ``<splits_dir>/<platform>/``: their held-out split measures forgetting, and when the KB
-    carries no EWC state (a KB not trained by CKD) their training split gives it one."""
+    carries no EWC state (a KB not trained by CKD) their training split gives it one.
+
+    `target_pool`: the target's unmeasured programs (a feature file; its labels, if any, are
+    blanked, see :func:`unmeasured`): the distillation terms of the AC start, CL and KD run on them
+    too."""
     from tcl import tracking
     from tcl.features import FeatureSet
     from tcl.models import load_model
@@ -571,8 +633,13 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     target_fs = FeatureSet.load(target_data)
     target = PlatformData(target_fs.platform, target_fs,
                           FeatureSet.load(target_valid) if target_valid else None,
-                          FeatureSet.load(target_test) if target_test else None, train_file=str(target_data))
-    for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test)):
+                          FeatureSet.load(target_test) if target_test else None, train_file=str(target_data),
+                          pool=unmeasured(FeatureSet.load(target_pool)) if target_pool else None)
+    if target.pool is not None and target.pool.platform != target.platform:
+        raise ContinualError(f"{target_pool} holds programs of platform {target.pool.platform!r}, "
+                             f"not the target {target.platform!r}")
+    for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test),
+                     ("target pool", target.pool)):
         if fs is not None and int(fs.x.shape[2]) != kb.n_features:
             raise ContinualError(f"{part} of {target.platform!r} has {fs.x.shape[2]} features per step; the KB "
                                  f"reads {kb.n_features} (featurized with another vocabulary or version)")
@@ -643,6 +710,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         "platforms": list(kb.feature_meta.get("platforms") or []), "subset_hash": subset_hash,
         "phi": report["cl"]["phi"], "teacher_quality": report["cl"]["quality"],
         "kd_kept_start": report["kd"]["kept_start"],
+        "pool_programs": len(target.pool) if target.pool is not None else 0,
         "sources_top1_before": {p: m["top1"] for p, m in before.items()},
         "sources_top1_after": {p: m["top1"] for p, m in after.items()},
         "target_top1_before": (target_before.get(target.platform) or {}).get("top1"),

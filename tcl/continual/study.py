@@ -24,6 +24,9 @@ read their curves on the validation split, ~10× cheaper per epoch).
   ckd-no-ewc     ckd with λ = 0 (``continual.lambda_ewc``): the KD term without EWC
   ckd-no-kd      ckd without the KD phase (``continual.kd.epochs`` 0): the result is the AC
                  after target CL, the larger model (``models.mamba.ac``), not a KB
+  ckd-pool       ckd with the target's whole training split as unmeasured programs
+                 (tcl.continual.schedule ``unmeasured``: features only, labels blanked): every
+                 distillation term also runs on them; the labels are the subset's alone
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
@@ -43,11 +46,11 @@ import time
 from pathlib import Path
 
 from tcl.continual.schedule import (PlatformData, held_out_metrics, load_platform, new_net_model, run_schedule,
-                                    settings)
+                                    settings, unmeasured)
 from tcl.io import atomic_write_json, json_safe
 
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
-FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd")  # start from the source KB
+FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
 CURVE_SPLITS = ("test", "valid")
 STUDY_FILE = "study.json"  # beside a source KB's model.pt: its curves and held-out metrics
@@ -279,6 +282,8 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
     extra: dict = {}
     with tempfile.TemporaryDirectory(prefix="tcl-ckd-study-") as tmp:
         if variant.startswith("ckd"):
+            if variant == "ckd-pool":  # the programs the subset was chosen from, unmeasured
+                target.pool = unmeasured(target.train)
             target.train, target.train_file = subset, str(fam["subset"])
             summary = run_schedule(family, [target], params, tmp, track=False, start=kb, learned=src)
             report = summary["per_platform"][-1]
