@@ -266,8 +266,16 @@ def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
     r = report["ratios"]["random"]
     assert r["latency_ratio_at_equal_trials"] == pytest.approx(
         report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl"]["best_latency_s"][-1])
-    # tcl-ft is the KB fine-tuned after each of its two measured batches, with its own ratios; tcl is not
-    assert report["cost_model"]["candidates_scored"] > 0 and report["cost_model"]["fine_tune_updates"] == 2
+    # tcl-ft fine-tunes the KB after each of its two measured batches, with its own ratios; tcl does not.
+    # An attempt swaps the served model only where it lowered the loss on the measurements (on 2-4
+    # programs timed once, an attempt can find nothing better: the CI run of 2026-12-03 saw 1 of 2)
+    assert report["cost_model"]["candidates_scored"] > 0
+    attempts = report["runs"]["tcl-ft/seed0"]["stats"]["fine_tune"]
+    assert [a["measured"] for a in attempts] == [2, 4]
+    assert all(a["loss_after"] <= a["loss_before"] for a in attempts)
+    swapped = sum(a["loss_after"] < a["loss_before"] for a in attempts)
+    assert report["cost_model"]["fine_tune_updates"] == swapped
+    assert report["runs"]["tcl/seed0"]["stats"]["fine_tune"] == []
     assert json.loads((tmp_path / "tcl-ft-seed0" / "tune.json").read_text())["fine_tune"] is True
     assert json.loads((tmp_path / "tcl-seed0" / "tune.json").read_text())["fine_tune"] is False
     assert set(report["ratios"]) == set(report["ratios_fine_tune"]) == {"random"}
@@ -275,7 +283,7 @@ def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
         report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl-ft"]["best_latency_s"][-1])
     text = format_report(report)
     assert "tcl vs random" in text and "tcl-ft vs random" in text and "KB inside tuning" in text
-    assert "KB fine-tuned 2 times" in text
+    assert (f"KB fine-tuned {swapped} times" in text) == (swapped > 0)
 
 
 def test_mlp_cost_model_scores_each_candidates_store_rows(tmp_path):
