@@ -374,15 +374,18 @@ def test_tcl_tune_fine_tune_records_the_switch_and_its_updates(fine_tuned_run):
 
 
 def test_fine_tuning_learns_the_runs_measurements(fine_tuned_run, kb_checkpoint):
-    """update() with the real measurements of a tuning run: the served (ONNX) scores change, the
+    """update() with the programs a tuning run measured: the served (ONNX) scores change, the
     ranking loss of those scores on the measured programs falls, and no score of the previous
     model is served from the cache afterwards. The programs' features here come from the
-    database file through ingest's reader, not from the tuner."""
+    database file through ingest's reader, not from the tuner. Their latencies are set to reverse
+    the KB's own ranking, 2x apart: the run's real ones (8 programs timed once) can be near-tied,
+    and an update that finds nothing better rightly keeps the model (a CI run of 2026-12-03)."""
     import orjson
     import torch
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
+    from tvm.tirx.expr import FloatImm
 
     from tcl.features import Featurizer
     from tcl.losses import lambdarank_loss
@@ -394,32 +397,29 @@ def test_fine_tuning_learns_the_runs_measurements(fine_tuned_run, kb_checkpoint)
     workload = ms.database.Workload.from_json(json.loads(workload_line))
     lines = [orjson.loads(line) for line in (out / "database_tuning_record.json").read_text().splitlines()]
     assert len(lines) == 8
-    candidates, results, latency = [], [], []
-    for line in lines:  # each line: the program, its measurement, and (by hand) its mean latency
+    candidates = []
+    for line in lines:  # each line: a program the run measured
         record = ms.database.TuningRecord.from_json(line[1], workload)
         sch = Schedule(workload.mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         candidates.append(ms.MeasureCandidate(sch, record.args_info))
-        results.append(ms.runner.RunnerResult(run_secs=record.run_secs, error_msg=None))
-        secs = line[1][1]
-        latency.append(sum(secs) / len(secs) if max(secs) < 1e9 else np.inf)
-    latency = np.array(latency)
-    valid = np.isfinite(latency)
-    assert valid.sum() >= 2
     x, mask = Featurizer(48)([trace_to_steps(line[1][0]) for line in lines])
-    x, mask = x[valid], mask[valid]
-    y = latency[valid].min() / latency[valid]  # by hand: best in the task / latency
+
+    ctx = ms.TuneContext(mod=workload.mod, target=Target({"kind": "llvm", "mcpu": "znver4",
+                                                                     "num-cores": 2}), task_name="dense_64")
+    # a small rate: the first steps lower the loss (larger ones can overshoot; update() then keeps
+    # the start and the model is not swapped)
+    cm = TCLCostModel(str(kb_checkpoint), family=FAMILY, fine_tune=True, fine_tune_params={"steps": 30, "lr": 1e-4})
+    before = cm.predictor.predict(x, mask)
+    rank = np.argsort(np.argsort(-before))  # 0: the program the KB scores best
+    latency = 1e-4 * 2.0 ** (len(rank) - 1 - rank)  # the KB's best is the slowest
+    results = [ms.runner.RunnerResult(run_secs=[FloatImm("float64", float(s))], error_msg=None) for s in latency]
+    y = latency.min() / latency  # by hand: best in the task / latency
 
     def loss(scores):
         return float(lambdarank_loss(torch.from_numpy(scores.astype(np.float64)), torch.from_numpy(y),
                                      torch.zeros(len(y), dtype=torch.int64)))
 
-    ctx = ms.TuneContext(mod=workload.mod, target=Target({"kind": "llvm", "mcpu": "znver4",
-                                                                     "num-cores": 2}), task_name="dense_64")
-    # a small rate: the first steps on these few near-tied programs lower the loss (larger ones can
-    # overshoot; update() then keeps the start and the model is not swapped)
-    cm = TCLCostModel(str(kb_checkpoint), family=FAMILY, fine_tune=True, fine_tune_params={"steps": 30, "lr": 1e-4})
-    before = cm.predictor.predict(x, mask)
     served_before = cm.predict(ctx, candidates)
     cm.update(ctx, candidates, results)
     after = cm.predictor.predict(x, mask)
@@ -427,12 +427,42 @@ def test_fine_tuning_learns_the_runs_measurements(fine_tuned_run, kb_checkpoint)
     assert np.max(np.abs(after - before)) > 1e-4
     assert loss(after) < loss(before)
     (history,) = cm.stats.fine_tune  # the tuner's own account agrees with the served model's scores
-    assert history["measured"] == valid.sum()
+    assert history["measured"] == 8
     assert history["loss_after"] == pytest.approx(loss(after), rel=1e-3, abs=1e-6)
     served = cm.predict(ctx, candidates)
     assert cm.stats.cached == 0  # the previous model's scores were forgotten
-    np.testing.assert_allclose(served[valid], 1.0 / (1.0 + np.exp(-after.astype(np.float64))), rtol=1e-5)
+    np.testing.assert_allclose(served, 1.0 / (1.0 + np.exp(-after.astype(np.float64))), rtol=1e-5)
     assert not np.allclose(served, served_before)
+
+
+def test_fine_tune_update_keeps_the_start_unless_the_loss_falls(kb_checkpoint):
+    """KBFineTuner.update: programs all equally fast teach nothing (no update, weights bit for bit
+    the start's); latencies that reverse the KB's ranking lower the loss and export a new net, and
+    the next update starts from it."""
+    import torch
+
+    from tcl.features import Featurizer
+    from tcl.tuner.fine_tune import KBFineTuner
+    from tcl.tuner.traces import candidate_steps
+
+    _, _, _, candidates, _ = dense_candidates(8)
+    x, mask = Featurizer(48)(candidate_steps(candidates))
+    tuner = KBFineTuner.from_source(str(kb_checkpoint), FAMILY, {"steps": 30, "lr": 1e-4})
+    start = {k: v.clone() for k, v in tuner.model.net.state_dict().items()}
+    tuner.add("dense_64", x, mask, np.full(8, 1e-4))
+    assert tuner.update() is None
+    (first,) = tuner.history
+    assert first["loss_after"] == first["loss_before"]
+    assert all(torch.equal(v, start[k]) for k, v in tuner.model.net.state_dict().items())
+
+    tuner = KBFineTuner.from_source(str(kb_checkpoint), FAMILY, {"steps": 30, "lr": 1e-4})
+    rank = np.argsort(np.argsort(-tuner.model.predict(x, mask)))  # 0: the KB's best
+    tuner.add("dense_64", x, mask, 1e-4 * 2.0 ** (7 - rank))  # ... is the slowest
+    assert isinstance(tuner.update(), bytes)
+    (update,) = tuner.history
+    assert update["loss_after"] < update["loss_before"]
+    assert update["loss_after"] == pytest.approx(tuner.loss(), rel=1e-9)  # the net kept is the one measured
+    assert any(not torch.equal(v, start[k]) for k, v in tuner.model.net.state_dict().items())
 
 
 def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):

@@ -172,10 +172,19 @@ class KBFineTuner:
             loss.backward()
             self.optimizer.step()
         net.eval()
-        after = self.loss()
-        if after >= best_loss:  # an earlier point (or the start) was better: back to it
-            net.load_state_dict(best_state if best_state is not None else self._start)
-            after = best_loss
+        # the step losses are float32 in train mode; the candidates are compared as `before` was
+        # measured (eval, float64), so a point only rounding put below the start does not count
+        end_state, after = _state(net), self.loss()
+        if best_state is not None:
+            net.load_state_dict(best_state)
+            best_loss = self.loss()
+            if best_loss < after:
+                after = best_loss
+            else:
+                net.load_state_dict(end_state)
+        if after >= before:  # nothing beat the start: back to it, unchanged
+            net.load_state_dict(self._start)
+            after = before
         self._start = _state(net)
         trained = time.perf_counter()
         data = self.export() if after < before else None
