@@ -128,7 +128,7 @@ def no_leftover_processes():
     yield
     leftover = _marked_processes(mark, since)
     if leftover:  # give processes on their way out a moment before calling them left behind
-        _, leftover = psutil.wait_procs(leftover, timeout=5)
+        _, leftover = psutil.wait_procs(leftover, timeout=30)
     if leftover:
         described = []
         for p in leftover:
@@ -147,6 +147,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for_tracker(port: int, key: str | None = None, procs=(), deadline_s: float = 180.0) -> None:
+    """Until the local RPC tracker on `port` answers and, with `key`, lists a server under it
+    (a fixed sleep is too short for a server that imports TVM on a busy machine)."""
+    import socket
+    import time
+
+    from tvm import rpc as tvm_rpc
+
+    end = time.monotonic() + deadline_s
+    while True:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[:3]} exited with {p.returncode} before the tracker was ready"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            if key is None or key in tvm_rpc.connect_tracker("127.0.0.1", port).summary().get("queue_info", {}):
+                return
+        except Exception:  # noqa: BLE001 - not up yet (TVM raises several kinds)
+            pass
+        assert time.monotonic() < end, f"RPC tracker :{port} not ready (key {key!r}) after {deadline_s:.0f} s"
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def rpc_tracker_and_server(key: str):
     """A local TVM RPC tracker with one server registered under `key`; yields the tracker's port.
@@ -159,11 +181,11 @@ def rpc_tracker_and_server(key: str):
                                 "--port", str(port), "--port-end", str(port + 1), "--silent"], env=env)
     server = None
     try:
-        time.sleep(2)
+        wait_for_tracker(port, procs=(tracker,))
         server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
                                    "--key", key, "--host", "127.0.0.1", "--port", str(server_port),
                                    "--port-end", str(server_port + 50), "--silent"], env=env)
-        time.sleep(3)
+        wait_for_tracker(port, key, procs=(tracker, server))
         yield port
     finally:
         for p in (server, tracker):

@@ -12,7 +12,7 @@ from tcl.records import Record
 from tcl.records.ingest import ingest
 from tcl.records.metaschedule import read_database
 
-from .conftest import free_port, rpc_tracker_and_server, run_tcl, stop_process_tree
+from .conftest import free_port, rpc_tracker_and_server, run_tcl, stop_process_tree, wait_for_tracker
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def test_collect_fails_fast_without_an_rpc_server(tmp_path):
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                 "--port", str(port), "--port-end", str(port + 1), "--silent"])
     try:
-        time.sleep(2)
+        wait_for_tracker(port, procs=(tracker,))
         proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", tmp_path / "db", "--workload", "dense_64",
                        "--trials", "1", "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "nobody", check=False)
         assert proc.returncode == 2 and "no server registered with key 'nobody'" in proc.stderr

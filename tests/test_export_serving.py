@@ -372,4 +372,6 @@ def test_bench_serving_reports_both_engines(kb):
     assert res["fused_ops"] == 2 * CONFIG["n_layers"]
     assert res["flops_per_prediction"] > 0
     assert res["matmul_gflops"]["peak"] > 0
-    assert 0 < res["fraction_of_matmul_peak"] < 1.5
+    # two rates timed at different moments: on a shared machine either can drop, so no upper bound
+    assert res["fraction_of_matmul_peak"] == pytest.approx(res["onnx_gflops_at_max_batch"] / res["matmul_gflops"]["peak"])
+    assert res["fraction_of_matmul_peak"] > 0

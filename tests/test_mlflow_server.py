@@ -96,7 +96,7 @@ def test_server_reads_registry_copy(tmp_path, monkeypatch):
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 300
         while True:
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=2) as r:

@@ -50,7 +50,7 @@ def test_noise_remeasures_programs_of_a_packed_database(tmp_path):
     old = {p["program_id"]: p["old_s"] for p in stored}
     for d in report["detail"]:
         assert d["old_s"] == pytest.approx(old[d["program_id"]], rel=1e-5)
-        assert d["new_s"] > 0 and d["rel_diff"] == pytest.approx(abs(d["new_s"] - d["old_s"]) / d["old_s"], rel=1e-3)
+        assert d["new_s"] > 0 and d["rel_diff"] == pytest.approx(abs(d["new_s"] - d["old_s"]) / d["old_s"], rel=1e-3, abs=2e-5)  # 6 significant digits each
     assert report["median_rel_diff"] == pytest.approx(sorted(d["rel_diff"] for d in report["detail"])[1], rel=1e-3)
     assert report["machine"]["logical_cpus"] == os.cpu_count()
     # the CPU it ran on, and on a CPU other than the platform's, the warning and the reason kept
@@ -59,7 +59,7 @@ def test_noise_remeasures_programs_of_a_packed_database(tmp_path):
     why = host_mismatch(get_platform(PLATFORM))
     assert report["host_cpu"] == local_cpu_model() and report["host_mismatch"] == why
     assert ("warning: platform 'znver4-avx512-t2'" in proc.stderr) == (why is not None)
-    assert 0 <= report["other_processes_cores"] <= os.cpu_count() and 0 <= report["off_by_1_5x"] <= 1
+    assert 0 <= report["other_processes_cores"] <= os.cpu_count() * 1.05 and 0 <= report["off_by_1_5x"] <= 1
 
 
 def test_noise_refuses_a_database_of_another_platform(tmp_path):

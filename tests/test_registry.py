@@ -276,7 +276,7 @@ def test_two_processes_promoting_at_once(store, kb, tmp_path):
              for v in (v2, v3)}
     res = {}
     for v, p in procs.items():
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
         res[v] = json.loads(out.strip().splitlines()[-1])
     # The rule picks the better version whichever process runs first, and each process's
@@ -332,7 +332,7 @@ def test_fresh_store_created_once_by_concurrent_processes(tmp_path):
              for i in range(3)]
     for p in procs:
         p.start()
-    results = dict(q.get(timeout=120) for _ in procs)
+    results = dict(q.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -17,6 +17,12 @@ of a fold weighs a handful of tasks).
 `run` writes one platform's runs; `summary` pools every platform's: mean ± sd over platforms ×
 folds × seeds, and each candidate paired with the reference on the same platform, fold and seed.
 Settings: `cv:` in pipelines/sampling/params.yaml (platforms, folds, ratios, seeds, candidates).
+
+A candidate with `model: sibling` samples with a knowledge base, as `tcl sample --model` does on a
+family's new platform: a Mamba kb trained (seed `kb_seed`) on the whole training split of the
+first other platform of `platforms` in the same hardware family serves the embedding from the
+first round and is fine-tuned on the revealed programs between rounds. It never saw the target
+platform's labels; on a platform without a sibling in `platforms` the candidate is not run.
 """
 
 from __future__ import annotations
@@ -24,16 +30,19 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from quick_study import train_and_score  # this folder's in-process driver (the script's directory is on sys.path)
+from quick_study import train_and_score, train_mamba  # this folder's in-process driver (the script's directory is on sys.path)
 
 from tcl.config import load_params
 from tcl.features import load_feature_set
+from tcl.hardware import family_of
+from tcl.models import load_model
 from tcl.io import atomic_write_json, atomic_write_text
 from tcl.sampling.subset import sample_features
 
@@ -123,28 +132,56 @@ def markdown(cells: list[dict], diffs: list[dict], per_platform: dict[str, list[
     return "\n".join(lines) + "\n"
 
 
+def sibling_platform(platform: str, platforms: list[str]) -> str | None:
+    """The first other platform of `platforms` in `platform`'s hardware family (None: there is none)."""
+    family = family_of(platform)
+    return next((p for p in platforms if p != platform and family_of(p) == family), None)
+
+
+def train_sibling_kb(sibling: str, params: dict, seed: int, out: Path) -> dict:
+    """A Mamba kb on `sibling`'s whole training split (early stopping on its validation split),
+    saved at `out`: what a family's knowledge base knows before its next platform arrives."""
+    split = f"data/splits/{sibling}"
+    train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
+    t0 = time.perf_counter()
+    train_mamba(train, valid, params, seed, threads=1).save(out)
+    return {"platform": sibling, "programs": len(train), "seed": seed, "seconds": time.perf_counter() - t0}
+
+
 def run_platform(platform: str, params: dict, cv: dict) -> dict:
     """Every (fold, ratio, candidate, seed) of one platform: its rows and the split's size."""
     split = f"data/splits/{platform}"
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     folds = task_folds(len(train.tasks), int(cv["folds"]), int(cv["fold_seed"]))
+    sibling = sibling_platform(platform, cv["platforms"])
+    runnable = [name for name, spec in cv["candidates"].items()
+                if spec.get("model") != "sibling" or sibling is not None]
     jobs = [(f, name, float(ratio), int(seed)) for f in range(len(folds)) for ratio in cv["ratios"]
-            for name in cv["candidates"] for seed in cv["seeds"]]
-    rows = []
-    for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
-        held_mask = np.isin(train.task, folds[f])
-        pool, held = train.subset(~held_mask), train.subset(held_mask)
-        spec = cv["candidates"][name]
-        t0 = time.perf_counter()
-        sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
-                                   candidate_params(params, spec.get("sample", {})), seed=seed)
-        rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
-                     "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
-                     "sampler_seconds": sel.seconds,
-                     **train_and_score(sub, valid, held, params, seed, KEYS, threads=1),
-                     "seconds": time.perf_counter() - t0})
+            for name in runnable for seed in cv["seeds"]]
+    rows, kb = [], None
+    with tempfile.TemporaryDirectory(prefix="tcl-cv-kb-") as tmp:
+        kb_path = Path(tmp, "kb.pt")
+        if len(runnable) < len(cv["candidates"]):
+            print(f"cv {platform}: no other platform of family {family_of(platform)} in cv.platforms; "
+                  "the sibling-KB candidates are not run", flush=True)
+        elif any(spec.get("model") == "sibling" for spec in cv["candidates"].values()):
+            kb = train_sibling_kb(sibling, params, int(cv.get("kb_seed", 0)), kb_path)
+        for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
+            held_mask = np.isin(train.task, folds[f])
+            pool, held = train.subset(~held_mask), train.subset(held_mask)
+            spec = cv["candidates"][name]
+            # a fresh copy each run: the sampler fine-tunes its model between rounds
+            model = load_model(kb_path) if spec.get("model") == "sibling" else None
+            t0 = time.perf_counter()
+            sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
+                                       candidate_params(params, spec.get("sample", {})), model=model, seed=seed)
+            rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
+                         "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
+                         "sampler_seconds": sel.seconds,
+                         **train_and_score(sub, valid, held, params, seed, KEYS, threads=1),
+                         "seconds": time.perf_counter() - t0})
     return {"platform": platform, "cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
-            "runs": rows}
+            "sibling_kb": kb, "runs": rows}
 
 
 def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:

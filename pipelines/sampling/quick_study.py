@@ -26,9 +26,9 @@ from tcl.training import DEFAULT_TRAIN, seed_everything, train_model
 KEYS = ("top1", "top5", "task_top1", "task_top5")
 
 
-def train_and_score(train, valid, test, params, seed, keys=KEYS, **train_overrides):
+def train_mamba(train, valid, params, seed, **train_overrides):
     """A Mamba (the main job's preset and `pipeline.train`) trained on `train` with early stopping
-    on `valid`, scored on `test`: {key: value} of tcl.metrics.evaluate."""
+    on `valid`."""
     config = model_config("mamba", params, params.get("pipeline", {}).get("preset", "kb"))
     tp = {**DEFAULT_TRAIN, **params.get("train", {}), **params.get("pipeline", {}).get("train", {}), "seed": seed,
           **train_overrides}
@@ -36,6 +36,12 @@ def train_and_score(train, valid, test, params, seed, keys=KEYS, **train_overrid
     model = new_model("mamba", train.x.shape[2], config, train.meta)
     with tempfile.TemporaryDirectory() as tmp:
         model, _ = train_model(model, train, valid, tp, tmp, progress=False, resume=False)
+    return model
+
+
+def train_and_score(train, valid, test, params, seed, keys=KEYS, **train_overrides):
+    """`train_mamba` scored on `test`: {key: value} of tcl.metrics.evaluate."""
+    model = train_mamba(train, valid, params, seed, **train_overrides)
     m = evaluate_model(model, [test])
     return {k: float(m[k]) for k in keys}
 
