@@ -315,3 +315,33 @@ def test_a_given_model_s_embedding_serves_from_the_first_round():
     cold, _, _ = run(fs, "rdu", 6, rounds=1, **kw)
     assert sorted(group[backed.indices].tolist()) == list(range(6))   # one program per group
     assert len(np.unique(group[cold.indices])) < 6                      # the features alone do not tell
+
+
+class ScoreModel(GroupModel):
+    """A cost model that predicts x[:, 0, 1] (and embeds like GroupModel's parent: the mean step)."""
+
+    kind = "score-test"
+
+    def predict(self, x, mask, dropout=False):
+        return np.asarray(x[:, 0, 1], np.float64)
+
+    def embed(self, x, mask):
+        return x.mean(axis=1)
+
+
+def test_rdu_performance_weight_favours_the_programs_predicted_fastest_in_their_task():
+    fs = make_fs(n_tasks=4, per_task=40, seed=3)
+    model = ScoreModel(F)
+    kw = {"retrain": {"kind": "none"}, "pool_ratio": 1.0, "max_clusters": 1}  # one cluster: the cells are the tasks
+    only_p = {"representativeness": 0.0, "diversity": 0.0, "uncertainty": 0.0, "performance": 1.0}
+    chosen, _, _ = run(fs, "rdu", 12, rounds=1, model=model, weights=only_p, **kw)
+    score = fs.x[:, 0, 1]
+    for t in range(4):  # 3 a task: its three best-scored programs
+        rows = np.flatnonzero(fs.task == t)
+        assert sorted(chosen.indices[fs.task[chosen.indices] == t]) == sorted(rows[np.argsort(-score[rows])[:3]])
+    assert chosen.rounds[0]["scores"]["performance"] > 0.9
+    paper, _, _ = run(fs, "rdu", 12, rounds=1, model=model, **kw)  # absent: weight 0, the paper's terms only
+    assert "performance" not in paper.rounds[0]["scores"]
+    assert not np.array_equal(np.sort(paper.indices), np.sort(chosen.indices))
+    with pytest.raises(ValueError, match="optionally"):
+        settings(weights={"speed": 1.0})

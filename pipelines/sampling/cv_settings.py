@@ -166,15 +166,15 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
                   "the sibling-KB candidates are not run", flush=True)
         elif any(spec.get("model") == "sibling" for spec in cv["candidates"].values()):
             kb = train_sibling_kb(sibling, params, int(cv.get("kb_seed", 0)), kb_path)
+        model = load_model(kb_path) if kb else None  # the sampler fine-tunes a copy, never this one
         for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
             held_mask = np.isin(train.task, folds[f])
             pool, held = train.subset(~held_mask), train.subset(held_mask)
             spec = cv["candidates"][name]
-            # a fresh copy each run: the sampler fine-tunes its model between rounds
-            model = load_model(kb_path) if spec.get("model") == "sibling" else None
             t0 = time.perf_counter()
             sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
-                                       candidate_params(params, spec.get("sample", {})), model=model, seed=seed)
+                                       candidate_params(params, spec.get("sample", {})),
+                                       model=model if spec.get("model") == "sibling" else None, seed=seed)
             rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
                          "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
                          "sampler_seconds": sel.seconds,

@@ -30,6 +30,8 @@ DEFAULTS = {
                               # their programs), then over the clusters inside each; none: clusters only
     # uncertainty first: on x86-sse-t1 (docs/sampling.md) 0.5/0.5/2 with pool 0.5 beat 1/1/1 with pool 0.3
     "weights": {"representativeness": 0.5, "diversity": 0.5, "uncertainty": 2.0},
+    # optional weights (absent: 0): performance favours the programs the current model predicts
+    # fastest in their task (not in the paper; docs/sampling.md measures it)
     "max_clusters": 256,      # K-Means clusters per round: min(round budget, this)
     "embed_dims": 32,         # principal components kept of the (standardised) embedding
     "fit_rows": 20000,        # programs that fit the projection and the K-Means centres
@@ -45,6 +47,8 @@ DEFAULTS = {
     "retrain": {"kind": "mamba", "preset": None, "train": {"epochs": 10, "batch_size": 64, "lr": 0.002,
                                                            "patience": 100, "threads": 1}},
 }
+
+OPTIONAL_WEIGHTS = ("performance",)
 
 
 @dataclass
@@ -80,8 +84,9 @@ class SampleSettings:
         if unknown:
             raise ValueError(f"unknown sample: keys {sorted(unknown)} (known: {sorted(DEFAULTS)})")
         weights = {**DEFAULTS["weights"], **(section.pop("weights", None) or {})}
-        if set(weights) != set(DEFAULTS["weights"]):
-            raise ValueError(f"sample.weights: keys must be {sorted(DEFAULTS['weights'])}, got {sorted(weights)}")
+        if not set(DEFAULTS["weights"]) <= set(weights) <= set(DEFAULTS["weights"]) | set(OPTIONAL_WEIGHTS):
+            raise ValueError(f"sample.weights: keys must be {sorted(DEFAULTS['weights'])} and optionally "
+                             f"{sorted(OPTIONAL_WEIGHTS)}, got {sorted(weights)}")
         retrain = {**DEFAULTS["retrain"], **(section.pop("retrain", None) or {})}
         retrain["train"] = {**DEFAULTS["retrain"]["train"], **(retrain.get("train") or {})}
         settings = cls(**section, weights={k: float(v) for k, v in weights.items()}, retrain=retrain,

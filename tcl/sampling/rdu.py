@@ -15,7 +15,10 @@ model exists):
    ``w_r·R + w_u·U + w_d·D``, where U is the uncertainty (rank in [0, 1]; 0 when none serves)
    and D = min(1, distance to the nearest program already chosen in the cell (this round or
    earlier) / its cluster's median radius). A program within ``duplicate_radius`` of a chosen
-   one is a near-duplicate and is taken only when nothing else is left.
+   one is a near-duplicate and is taken only when nothing else is left. An optional
+   ``w_p·P`` (weight ``performance``, not in the paper) adds P = the rank in [0, 1] of the current
+   model's predicted score among the pool's programs of the same task (1: predicted fastest);
+   0 while no model predicts.
 
 Time per round O(N·k·d) for the clusters and O(pool·d·budget/k) for the greedy choice; memory
 O(N·d): no pairwise matrix of programs is ever built.
@@ -64,6 +67,10 @@ class RDUSampler(Sampler):
         unc = view.uncertainty(candidates) if w_u > 0 else None
         unc = np.zeros(len(candidates)) if unc is None else unc
         base = w_r * rep + w_u * unc
+        w_p = s.weights.get("performance", 0.0)
+        perf = _task_ranks(view.predicted(candidates), state.pool.task[candidates]) if w_p > 0 else None
+        if perf is not None:
+            base = base + w_p * perf
         quota = space.allocate_nested(budget, sizes, cell_stratum, keep)
         radius = clusters.radius()[cell_cluster]
         chosen_key = ((state.pool.task[state.chosen].astype(np.int64) if s.stratify == "task" else 0) * k
@@ -100,9 +107,22 @@ class RDUSampler(Sampler):
             "cells": int(len(cells)),
             "near_duplicates": duplicates,
             "scores": {"representativeness": float(rep[picked].mean()), "diversity": float(np.mean(picked_d)),
-                       "uncertainty": float(unc[picked].mean())},
+                       "uncertainty": float(unc[picked].mean()),
+                       **({"performance": float(perf[picked].mean())} if perf is not None else {})},
         })
         return candidates[picked]
+
+
+def _task_ranks(score: np.ndarray | None, task: np.ndarray) -> np.ndarray | None:
+    """Each program's rank01 of `score` among the programs of its task (None: no score)."""
+    if score is None:
+        return None
+    order = np.lexsort((np.asarray(score, np.float64), task))           # by task, then score
+    sizes = np.bincount(task[order])[task[order]]
+    first = np.searchsorted(task[order], task[order])                   # each row's task's first position
+    out = np.zeros(len(score))
+    out[order] = np.where(sizes > 1, (np.arange(len(order)) - first) / np.maximum(sizes - 1, 1), 0.0)
+    return out
 
 
 def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
