@@ -237,13 +237,19 @@ def test_study_ratios_by_hand():
         "tcl": ([16, 32, 48, 64], [9.0, 5.0, 4.0, 4.0], [10.0, 20.0, 30.0, 40.0]),
         "xgb": ([16, 32, 48, 64], [inf, 8.0, 6.0, 5.0], [12.0, 24.0, 36.0, 48.0]),
         "random": ([16, 32, 48, 64], [7.0, 3.0, 3.0, 3.0], [11.0, 22.0, 33.0, 44.0]),
+        "mlp": ([16, 32, 48, 64], [8.0, 6.0, 6.0, 6.0], [13.0, 26.0, 39.0, 52.0]),
     }
     r = ratios(curves)
-    # xgb ends at 5.0, which TCL first reaches after 32 trials (20 s): 64/32 trials, 48/20 s
+    # xgb ends at 5.0 (first reached at its last batch), which TCL first reaches after 32 trials
+    # (20 s): 64/32 trials, 48/20 s
     assert r["xgb"]["speedup_trials"] == 2.0 and r["xgb"]["speedup_seconds"] == 2.4
-    assert r["xgb"]["latency_ratio_at_equal_trials"] == 5.0 / 4.0
+    assert r["xgb"]["latency_ratio_at_equal_trials"] == 5.0 / 4.0 and r["xgb"]["baseline_trials_to_final"] == 64
     # random ends at 3.0, which TCL never reaches
     assert r["random"]["speedup_trials"] is None and r["random"]["latency_ratio_at_equal_trials"] == 0.75
+    # mlp levels off at 6.0 after 32 trials (26 s): its 64-trial budget is not what reaching 6.0
+    # cost it; TCL reaches 6.0 after 32 trials (20 s) too: 32/32 trials, 26/20 s
+    assert r["mlp"]["baseline_trials_to_final"] == 32
+    assert r["mlp"]["speedup_trials"] == 1.0 and r["mlp"]["speedup_seconds"] == 1.3
 
 
 def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):

@@ -3,7 +3,10 @@
 latency ratio at equal trials against each baseline, their geometric means over the tasks, and
 plots of best latency vs trials and vs seconds (one panel per task, one line per cost model).
 
-Reads the pipeline's METRICS/<task>.json (`tcl bench tune --json`, tcl.bench.tune's report).
+Reads the pipeline's METRICS/<task>.json (`tcl bench tune --json`, tcl.bench.tune's report). The
+ratios are recomputed from the reports' curves with tcl.bench.tune.ratios, so the summary always
+states the current definition (2026-12-03: a baseline's trials to *first* reach its final
+latency, not its whole budget) without re-tuning.
 
     python pipelines/tuning/summarize_study.py --metrics pipelines/tuning/metrics \
         --out pipelines/tuning/summary.json --markdown pipelines/tuning/summary.md \
@@ -16,11 +19,11 @@ import argparse
 import math
 from pathlib import Path
 
+from tcl.bench.tune import TCL_VARIANTS, ratios
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from tcl.summary import figure_png, load_study_files
 
-# TCL's variants and the report field holding each one's ratios against the baselines
-VARIANTS = {"tcl": "ratios", "tcl-ft": "ratios_fine_tune"}
+VARIANTS = TCL_VARIANTS  # TCL's variants, each measured against every baseline
 
 REPORT_FIELDS = ("platform", "workload", "trials", "seeds", "curves", "runs")
 
@@ -44,12 +47,18 @@ def seed_finals(report: dict, model: str) -> list[float]:
     return finals
 
 
+def study_ratios(report: dict) -> dict:
+    """{TCL variant: {baseline: ratios}} from the report's mean curves."""
+    curves = {n: (c["trials"], c["best_latency_s"], c["seconds"]) for n, c in report["curves"].items()}
+    return {v: ratios(curves, v) for v in VARIANTS if v in curves}
+
+
 def task_rows(reports: list[dict]) -> list[dict]:
     rows = []
     for rep in reports:
         row = {"task": rep["workload"], "platform": rep["platform"], "trials": rep["trials"],
                "seeds": rep["seeds"], "final_latency_s": {}, "seed_range_s": {},
-               "ratios": {v: rep[key] for v, key in VARIANTS.items() if key in rep}}
+               "ratios": study_ratios(rep)}
         for model, curve in rep["curves"].items():
             row["final_latency_s"][model] = curve["best_latency_s"][-1] if curve["best_latency_s"] else None
             finals = seed_finals(rep, model)
