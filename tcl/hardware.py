@@ -45,6 +45,9 @@ class Family:
     defined_in: str = PACKAGED
 
 
+TARGET_EXAMPLE = '{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}'
+
+
 @dataclass(frozen=True)
 class Platform:
     name: str
@@ -238,8 +241,20 @@ def get_platform(name: str) -> Platform:
     except KeyError:
         raise KeyError(
             f"unknown platform {name!r}; known platforms: {', '.join(sorted(reg.platforms))} "
-            f"(add one with `tcl hardware add {name} --family FAMILY`, kept in {reg.user_path})"
+            f"(add one with `tcl hardware add {name} --family FAMILY --target '{TARGET_EXAMPLE}'`; "
+            f"--target makes it measurable by collect/tune; kept in {reg.user_path})"
         ) from None
+
+
+def require_measurable(platform: Platform) -> None:
+    """ValueError, saying how to fix it, unless `platform` has a TVM target to measure with."""
+    if not platform.measurable:
+        edit = ("" if platform.defined_in == PACKAGED else
+                f"add a \"target\" (e.g. {TARGET_EXAMPLE}) to its entry in {platform.defined_in}, or ")
+        raise ValueError(
+            f"platform {platform.name!r} has no TVM target in the hardware registry: {edit}register "
+            f"it under a new name with `tcl hardware add NAME --family {platform.family} "
+            f"--target '{TARGET_EXAMPLE}'`")
 
 
 def family_of(platform: str) -> str:

@@ -317,7 +317,7 @@ def register_family(family: str, checkpoint: str, onnx_path: str, metrics_path: 
                                    data_hash, onnx_path=onnx_path,
                                    alias=alias or (params.get("registry") or {}).get("alias_new"), tags=tags)
     info = registry.show(family, version)
-    atomic_write_text(out, registry.dumps(info) + "\n")
+    atomic_write_text(out, registry.dumps(info, indent=2) + "\n")
     return info
 
 

@@ -482,8 +482,9 @@ def _version_file(model_uri: str, dst_dir: str | os.PathLike, pattern: str, miss
     return found[0], _version_dict(client, mv)
 
 
-def dumps(obj: Any) -> str:
-    """JSON for CLI output (NaN -> null)."""
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """JSON for CLI output (NaN -> null); one line unless `indent` (a `--json` answer is the
+    output's last line, as every command's is)."""
     def clean(o):
         if isinstance(o, float) and not math.isfinite(o):
             return None
@@ -493,4 +494,4 @@ def dumps(obj: Any) -> str:
             return [clean(v) for v in o]
         return o
 
-    return json.dumps(clean(obj), indent=2, sort_keys=True)
+    return json.dumps(clean(obj), indent=indent, sort_keys=True)

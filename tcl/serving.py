@@ -236,8 +236,15 @@ def load_predictor(uri_or_path: str | os.PathLike, expected_family: str | None =
             raise TclRegistryError(f"model not found: {ref} (a models:/ URI or an .onnx path)")
         blob = p.read_bytes()
         name_family = None
-    pred = Predictor(blob, source=ref, registry_info=info, threads=threads, chunk=chunk,
-                     opt_level=opt_level, **kwargs)
+    try:
+        pred = Predictor(blob, source=ref, registry_info=info, threads=threads, chunk=chunk,
+                         opt_level=opt_level, **kwargs)
+    except TclRegistryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - onnx and onnxruntime raise several kinds for a bad graph
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise TclRegistryError(f"{ref}: not an ONNX model onnxruntime can load ({reason}); give a KB "
+                               "exported with `tcl export` or a models:/ URI") from None
     if name_family is not None and pred.family != name_family:
         raise ModelMismatchError(f"{ref} holds an ONNX model exported for family "
                                  f"{pred.family!r}, not {name_family!r}")

@@ -93,3 +93,13 @@ def test_collect_fails_fast_without_an_rpc_server(tmp_path):
         assert proc.returncode == 2 and "no server registered with key 'nobody'" in proc.stderr
     finally:
         stop_process_tree(tracker)
+
+
+def test_collect_lists_the_task_names_its_hint_points_to(tmp_path):
+    lines = run_tcl("collect", "--list-tasks").stdout.splitlines()  # no --platform/--out needed
+    assert "dense_64" in lines[0] and any(line.startswith("dense_128_768_768 ") for line in lines)
+    assert lines[-1].startswith("networks (--network): ") and "bert_base" in lines[-1]
+    proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", tmp_path / "db", "--workload", "nope",
+                   "--trials", "1", check=False)
+    assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr and "--list-tasks" in proc.stderr
+    assert not (tmp_path / "db").exists()

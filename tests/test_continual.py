@@ -557,5 +557,25 @@ def test_a_source_or_starting_kb_of_another_family_warns_and_says_why():
     assert "registered KB of family 'amd-zen4-avx512', not 'x86-sse'" in notes[0]
     assert "learned platform 'znver4-avx512-t1' of family 'amd-zen4-avx512'" in notes[1]
     assert "source 'x86-avx2-t2' belongs to family 'x86-avx2'" in notes[2] and "Table 5" in notes[2]
-    assert "'my-cpu' is not in the hardware registry" in notes[3]
-    assert family_warnings("x86-sse", ["x86-sse-t1"], ["x86-sse-t2"]) == []
+    assert "'my-cpu' is not in the hardware registry" in notes[3] and "tcl hardware add my-cpu" in notes[3]
+    assert family_warnings("x86-sse", ["x86-sse-t1"], ["x86-sse-t2"], target="x86-sse-t2") == []
+    (note,) = family_warnings("x86-sse", [], [], target="znver4-avx512-t2")
+    assert "the target 'znver4-avx512-t2' belongs to family 'amd-zen4-avx512'" in note
+    (note,) = family_warnings("x86-sse", [], [], target="new-box")
+    assert "'new-box' is not in the hardware registry" in note and "tcl hardware add new-box --family x86-sse" in note
+
+
+def test_transfer_refuses_an_unknown_family_and_a_file_that_is_not_features(tmp_path):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    bad = tmp_path / "subset.npz"
+    bad.write_bytes(b"not a feature file")
+    runner = CliRunner()
+    res = runner.invoke(main, ["transfer", "--family", "x86-ss", "--target-data", str(bad), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "unknown family 'x86-ss'" in res.output and "x86-sse" in res.output
+    res = runner.invoke(main, ["transfer", "--family", "x86-sse", "--target-data", str(bad), "--from", str(bad),
+                               "--out", str(tmp_path / "o"), "--no-track"])
+    assert res.exit_code == 1 and f"{bad}: not a TCL checkpoint" in res.output and res.exception is not None
+    assert not (tmp_path / "o").exists()

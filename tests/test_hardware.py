@@ -153,6 +153,7 @@ def test_collect_accepts_a_user_platform(user_registry, tmp_path):
     proc = run_tcl("collect", "--platform", "my-cpu", "--out", tmp_path / "db", "--workload", "dense_64",
                    "--trials", "1", check=False)
     assert proc.returncode != 0 and "'my-cpu' has no TVM target" in proc.stderr
+    assert "hardware.json" in proc.stderr and "--target" in proc.stderr  # where and how to fix it
     run_tcl("hardware", "add", "my-cpu-llvm", "--family", "my-fam", "--target", json.dumps(TARGET))
     # a tracker nobody listens on: collect resolves the user platform and its target, then stops
     # before measuring anything

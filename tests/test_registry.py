@@ -227,15 +227,17 @@ def test_cli_register_promote_list(store, kb, tmp_path):
             "--out", str(tmp_path / "registered.json")]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
+    out = json.loads(res.stdout.splitlines()[-1])  # --json: the answer is the output's last line
     assert out["version"] == 1 and out["tags"]["eval_data_hash"] == tracking.data_hash(evald)
     assert json.loads((tmp_path / "registered.json").read_text())["version"] == 1
     res = runner.invoke(main, args)  # same checkpoint, same run: the same version
     assert res.exit_code == 0 and json.loads(res.stdout)["version"] == 1
     res = runner.invoke(main, ["promote", "testfam", "1"])
     assert res.exit_code == 0 and "promoted tcl-kb-testfam version 1" in res.output
+    res = runner.invoke(main, ["promote", "testfam", "1", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout.splitlines()[-1])["status"] == "unchanged"
     res = runner.invoke(main, ["models", "list", "--json"])
-    rows = json.loads(res.stdout)
+    rows = json.loads(res.stdout.splitlines()[-1])
     assert [(r["version"], r["aliases"]) for r in rows] == [(1, ["candidate", "production"])]
     res = runner.invoke(main, ["models", "show", "testfam"])
     assert json.loads(res.stdout)["tags"]["platforms"] == "p-a,p-b"

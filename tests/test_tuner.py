@@ -490,6 +490,16 @@ def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
                                     "--cost-model", "random", "--fine-tune", "--no-progress",
                                     "--out", str(tmp_path / "r")])
     assert res.exit_code == 1 and "--fine-tune is for --cost-model tcl" in res.output
+    bad = tmp_path / "kb.onnx"
+    bad.write_bytes(b"not a graph")  # a clean error, not onnx's traceback
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                    "--cost-model", "tcl", "--model", str(bad), "--no-progress",
+                                    "--out", str(tmp_path / "b")])
+    assert res.exit_code == 1 and f"{bad}: not an ONNX model onnxruntime can load" in res.output
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                    "--cost-model", "mlp", "--model", str(tmp_path / "missing"), "--no-progress",
+                                    "--out", str(tmp_path / "m")])
+    assert res.exit_code == 1 and "missing" in res.output and not isinstance(res.exception, FileNotFoundError)
 
 
 def test_candidate_features_fall_back_to_the_featurizer_for_what_the_library_refuses():

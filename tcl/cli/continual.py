@@ -54,6 +54,12 @@ def transfer(family, target_data, target_valid, target_test, target_pool, start,
 
     if do_register and no_track:
         raise click.UsageError("--register needs the MLflow run (drop --no-track)")
+    from tcl.hardware import load_registry
+
+    families = load_registry().families
+    if family not in families:  # before a typo names (and registers) a KB tcl-kb-<typo>
+        raise click.UsageError(f"unknown family {family!r}; known: {', '.join(sorted(families))} (add one with "
+                               f"`tcl hardware add-family {family} --vendor V --architecture A --isa I`)")
     params = _params(params_path)
     source_list = [s.strip() for s in sources.split(",") if s.strip()] if sources is not None else None
     try:

@@ -155,6 +155,21 @@ def warn_if_other_host(platform, rpc) -> list[str]:
     return [why]
 
 
+def _list_tasks(ctx, _param, value) -> None:
+    """`tcl collect --list-tasks`: the names `--workload` resolves, then exit (before the required options)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ..collect.networks import NETWORKS, network_tasks
+    from ..collect.workloads import SMALL_WORKLOADS
+
+    click.echo("small workloads: " + ", ".join(SMALL_WORKLOADS))
+    for name, task in network_tasks().items():
+        nets = ", ".join(f"{n} x{c}" for n, c in sorted(task.weights.items()))
+        click.echo(f"{name}  ({nets})")
+    click.echo(f"networks (--network): {', '.join(NETWORKS)}")
+    ctx.exit()
+
+
 @click.command()
 @click.option("--platform", "platform_name", required=True, help="Platform from `tcl hardware list`.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
@@ -181,6 +196,8 @@ def warn_if_other_host(platform, rpc) -> list[str]:
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="With --sample: params.yaml with the sample: section (and featurize.max_len).")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--list-tasks", is_flag=True, is_eager=True, expose_value=False, callback=_list_tasks,
+              help="Print the workload and network task names --workload takes, and exit.")
 def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rpc_key,
             number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_ref, params_path,
             as_json) -> None:

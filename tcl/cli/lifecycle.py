@@ -127,7 +127,7 @@ def register(checkpoint, family, platforms, eval_metrics, onnx_path, run_id, dat
     if out:
         from tcl.io import atomic_write_text
 
-        atomic_write_text(out, registry.dumps(info) + "\n")
+        atomic_write_text(out, registry.dumps(info, indent=2) + "\n")
     if as_json:
         click.echo(registry.dumps(info))
     else:
@@ -207,7 +207,7 @@ def models_show(family, version):
     """One version (number or alias; default: production, else the latest) as JSON."""
     from tcl import registry
 
-    click.echo(registry.dumps(registry.show(family, version)))
+    click.echo(registry.dumps(registry.show(family, version), indent=2))
 
 
 @models.command("bench")

@@ -15,6 +15,7 @@ import click
 from ..experiments import TRAIN_EXPERIMENT
 from ..io import json_safe
 from ..models import KINDS
+from ..sampling import STRATEGIES as SAMPLING_STRATEGIES
 
 
 def parse_overrides(items) -> dict:
@@ -252,9 +253,12 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
 
 @bench.command("sample")
 @click.option("--sizes", default="10000,100000,1000000", show_default=True, help="Comma-separated pool sizes.")
-@click.option("--ratio", default=0.1, show_default=True, help="Share of each pool to choose.")
-@click.option("--strategy", default="rdu", show_default=True, help="Sampling strategy timed (tcl.sampling.STRATEGIES).")
-@click.option("--rounds", default=3, show_default=True, help="Rounds (no net is retrained between them).")
+@click.option("--ratio", default=0.1, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Share of each pool to choose.")
+@click.option("--strategy", default="rdu", show_default=True, type=click.Choice(list(SAMPLING_STRATEGIES)),
+              help="Sampling strategy timed.")
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Rounds (no net is retrained between them).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml: its sample: settings and featurize.max_len.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
@@ -267,7 +271,12 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
         pool_sizes = [int(float(n)) for n in sizes.split(",") if n.strip()]
     except ValueError:
         raise click.BadParameter(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
-    rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path))
+    if not pool_sizes or min(pool_sizes) < 1:
+        raise click.BadParameter(f"--sizes: expected positive pool sizes, got {sizes!r}")
+    try:
+        rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path))
+    except RuntimeError as exc:  # a child's failure, with its stderr's tail
+        raise click.ClickException(str(exc)) from None
     click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))

@@ -116,6 +116,10 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])
             _fail(str(exc), 1)
+        except (OSError, RuntimeError) as exc:  # a missing model file; TVM's errors (a build, the RPC link)
+            text = "\n".join(str(exc).strip().splitlines()[:8])
+            mlflow.set_tag("error", text[:500])
+            _fail(f"{type(exc).__name__}: {text}", 1)
         for i, row in enumerate(result["tasks"]):
             if row["best_latency_s"] is not None:
                 mlflow.log_metric("best_latency_s", row["best_latency_s"], step=i)

@@ -20,7 +20,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from ..hardware import Platform, host_mismatch, local_cpu_model
+from ..hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from ..io import atomic_write_json
 from .measure import (
     MeasureSettings,
@@ -105,8 +105,7 @@ def collect(
 
     settings = settings or MeasureSettings()
     for p in platforms:
-        if not p.measurable:
-            raise ValueError(f"platform {p.name!r} has no TVM target in the hardware registry")
+        require_measurable(p)
     out_root = Path(out_root)
     outs = {p.name: (out_root / p.name if per_platform_dirs else out_root) for p in platforms}
     dbs = {}

@@ -171,11 +171,14 @@ class PlatformData:
 
 def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
     """``<splits_dir>/<platform>/{train,valid,test}.npz`` (the ones that exist)."""
-    from tcl.features import FeatureSet
+    from tcl.features import FeatureFileError, load_feature_set
 
     d = Path(splits_dir) / platform
-    parts = {part: FeatureSet.load(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
-             for part in ("train", "valid", "test")}
+    try:
+        parts = {part: load_feature_set(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
+                 for part in ("train", "valid", "test")}
+    except FeatureFileError as exc:
+        raise ContinualError(f"source {platform!r}: {exc}") from None
     return PlatformData(platform, **parts, train_file=str(d / "train.npz") if parts["train"] is not None else None)
 
 
@@ -566,9 +569,9 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
 
 
 def family_warnings(family: str, start_platforms: list[str], sources: list[str],
-                    start_family: str | None = None) -> list[str]:
-    """Why a transfer into `family` may interfere: a starting KB or a source of another family
-    (transfer helps within a family and can hurt across, paper Table 5)."""
+                    start_family: str | None = None, target: str | None = None) -> list[str]:
+    """Why a transfer into `family` may interfere: a starting KB, a source or the target of another
+    family (transfer helps within a family and can hurt across, paper Table 5)."""
     from tcl.hardware import family_of
 
     def fam(p):
@@ -586,10 +589,19 @@ def family_warnings(family: str, start_platforms: list[str], sources: list[str],
         if f is not None and f != family:
             out.append(f"the starting KB learned platform {p!r} of family {f!r}, not {family!r}: "
                        f"transfer across families can hurt (negative transfer, paper Table 5)")
+    if target is not None:
+        f = fam(target)
+        if f is None:
+            out.append(f"the target {target!r} is not in the hardware registry: its family is unknown "
+                       f"(register it with `tcl hardware add {target} --family {family}`)")
+        elif f != family:
+            out.append(f"the target {target!r} belongs to family {f!r}, not {family!r}: the KB of "
+                       f"another family learns it (negative transfer, paper Table 5)")
     for p in sources:
         f = fam(p)
         if f is None:
-            out.append(f"source {p!r} is not in the hardware registry: its family is unknown")
+            out.append(f"source {p!r} is not in the hardware registry: its family is unknown "
+                       f"(register it with `tcl hardware add {p} --family FAMILY`)")
         elif f != family:
             out.append(f"source {p!r} belongs to family {f!r}, not {family!r}: its knowledge may "
                        f"interfere rather than help (paper Table 5)")
@@ -622,19 +634,28 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     blanked, see :func:`unmeasured`): the distillation terms of the AC start, CL and KD run on them
     too."""
     from tcl import tracking
-    from tcl.features import FeatureSet
+    from tcl.features import FeatureFileError, load_feature_set
     from tcl.models import load_model
 
     cfg = settings(params)
     out = Path(out)
-    kb = load_model(start_checkpoint)
+    try:
+        kb = load_model(start_checkpoint)
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        raise ContinualError(f"{start_checkpoint}: not a TCL checkpoint ({exc})") from None
     if not hasattr(kb, "net"):
         raise ContinualError(f"{start_checkpoint}: a {kb.kind} model; continual learning needs a torch net KB")
-    target_fs = FeatureSet.load(target_data)
-    target = PlatformData(target_fs.platform, target_fs,
-                          FeatureSet.load(target_valid) if target_valid else None,
-                          FeatureSet.load(target_test) if target_test else None, train_file=str(target_data),
-                          pool=unmeasured(FeatureSet.load(target_pool)) if target_pool else None)
+
+    def features(path):
+        try:
+            return load_feature_set(path) if path else None
+        except FeatureFileError as exc:
+            raise ContinualError(str(exc)) from None
+
+    target_fs = features(target_data)
+    target = PlatformData(target_fs.platform, target_fs, features(target_valid), features(target_test),
+                          train_file=str(target_data),
+                          pool=unmeasured(features(target_pool)) if target_pool else None)
     if target.pool is not None and target.pool.platform != target.platform:
         raise ContinualError(f"{target_pool} holds programs of platform {target.pool.platform!r}, "
                              f"not the target {target.platform!r}")
@@ -646,7 +667,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     explicit = sources is not None
     source_names = list(sources) if explicit else default_sources(family, target.platform)
     notes = family_warnings(family, list(kb.feature_meta.get("platforms") or []),
-                            source_names if explicit else [], start_family)
+                            source_names if explicit else [], start_family, target=target.platform)
     src = []
     for name in source_names:
         d = load_platform(name, splits_dir)

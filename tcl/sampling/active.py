@@ -48,7 +48,7 @@ from tcl.collect.measure import (
 )
 from tcl.collect.networks import Task
 from tcl.collect.workloads import build_workload, describe
-from tcl.hardware import Platform
+from tcl.hardware import Platform, require_measurable
 from tcl.io import atomic_write_json
 from tcl.sampling import STRATEGIES, Pool, SampleSettings, SamplingError, make_sampler
 from tcl.sampling.base import split_budget
@@ -234,8 +234,7 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     counts: measured now, present before, failed by reason, the pool, and the rounds run now.
     """
     settings = settings or MeasureSettings()
-    if not platform.measurable:
-        raise ValueError(f"platform {platform.name!r} has no TVM target in the hardware registry")
+    require_measurable(platform)
     if active.strategy not in STRATEGIES:
         raise SamplingError(f"unknown sampling strategy {active.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     for key in ("budget", "rounds", "pool_size"):

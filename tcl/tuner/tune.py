@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tcl.collect.measure import (FAILED_RUN_SECS, MeasureSettings, RpcSettings, make_builder, make_runner,
                                  open_database, use_x86_intrinsics_only)
-from tcl.hardware import Platform, host_mismatch, local_cpu_model
+from tcl.hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from tcl.io import atomic_write_json
 
 TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
@@ -135,8 +135,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
 
     from tcl.tuner.baselines import make_cost_model
 
-    if not platform.measurable:
-        raise ValueError(f"platform {platform.name!r} has no TVM target in the hardware registry")
+    require_measurable(platform)
     if trials < 1:
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
