@@ -163,8 +163,12 @@ def _get_version(client, family: str, version_or_alias: str | int):
     except MlflowException:
         versions = sorted(int(v.version) for v in _versions(client, name))
         what = "version" if ref.isdigit() else "alias"
+        hint = ""
+        if ref == alias_serve() and _alias_holder(client, name, alias_new()) is not None:
+            hint = (f"; a new KB waits at @{alias_new()}: promote it with `tcl promote {family} "
+                    f"{alias_new()}` or use models:/{name}@{alias_new()}")
         raise TclRegistryError(f"{name} has no {what} {ref!r} "
-                               f"(versions: {', '.join(map(str, versions)) or 'none'})") from None
+                               f"(versions: {', '.join(map(str, versions)) or 'none'}){hint}") from None
 
 
 def _alias_holder(client, name: str, alias: str):

@@ -232,6 +232,8 @@ def test_cli_register_promote_list(store, kb, tmp_path):
     assert json.loads((tmp_path / "registered.json").read_text())["version"] == 1
     res = runner.invoke(main, args)  # same checkpoint, same run: the same version
     assert res.exit_code == 0 and json.loads(res.stdout)["version"] == 1
+    with pytest.raises(registry.TclRegistryError, match="no alias 'production'.*tcl promote testfam candidate"):
+        registry.resolve_onnx("models:/tcl-kb-testfam@production", tmp_path / "dl")  # says how to get one
     res = runner.invoke(main, ["promote", "testfam", "1"])
     assert res.exit_code == 0 and "promoted tcl-kb-testfam version 1" in res.output
     res = runner.invoke(main, ["promote", "testfam", "1", "--json"])
