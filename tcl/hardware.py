@@ -116,8 +116,7 @@ def check_target(target, where: str = "target") -> dict:
             target = json.loads(target)
         except json.JSONDecodeError as exc:
             raise HardwareRegistryError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                                        "give an object such as "
-                                        '\'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\'') from None
+                                        f"give an object such as '{TARGET_EXAMPLE}'") from None
     if not isinstance(target, dict) or not isinstance(target.get("kind"), str) or not target["kind"]:
         raise HardwareRegistryError(f"{where}: a TVM target must be a JSON object with a 'kind' "
                                     f"(e.g. {{\"kind\": \"llvm\"}}), got {target!r}")
@@ -303,6 +302,8 @@ def add_platform(name: str, family: str, target: dict | str | None = None, threa
     entry = {"family": family, "cpu": cpu, "source": source}
     if target is not None:
         entry["target"] = check_target(target, "--target")
+        if threads is None and "num-cores" in entry["target"]:
+            threads = entry["target"]["num-cores"]  # measure with the threads the programs are built for
     for key, value in (("threads", threads), ("cores", cores)):
         if value is not None:
             entry[key] = _positive_int(value, key, f"platform {name!r}")

@@ -62,6 +62,14 @@ def test_add_writes_the_user_registry_and_list_shows_its_source(user_registry):
     assert p.measurable and p.target == TARGET and p.threads == 1 and hardware.family_of("my-cpu") == "my-fam"
 
 
+def test_a_platform_measures_with_its_targets_cores_unless_told(user_registry):
+    hardware.add_family("my-fam", vendor="Me", architecture="Zen 4 at 1 GHz", isa="x86-64 AVX2")
+    four = hardware.add_platform("four", "my-fam", target={**TARGET, "num-cores": 4})
+    told = hardware.add_platform("told", "my-fam", target={**TARGET, "num-cores": 4}, threads=2)
+    bare = hardware.add_platform("bare", "my-fam", target={"kind": "llvm"})
+    assert (four.threads, told.threads, bare.threads) == (4, 2, None)  # None: measured on 1 thread
+
+
 @pytest.mark.parametrize("args,message", [
     (["add", "x1", "--family", "no-such-family"], "unknown family 'no-such-family'"),
     (["add", "x1", "--family", "x86-sse", "--target", '{"kind": "llvm"'], "--target: not valid JSON"),

@@ -71,7 +71,8 @@ def hardware_list(as_json: bool) -> None:
 @click.option("--target", "target_json", default=None,
               help='TVM target JSON, e.g. \'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\' '
                    "(makes the platform measurable by `tcl collect`).")
-@click.option("--threads", type=int, default=None, help="TVM_NUM_THREADS when measuring.")
+@click.option("--threads", type=int, default=None,
+              help="TVM_NUM_THREADS when measuring (default: the target's num-cores, else 1).")
 @click.option("--cpu", default="", help="What the hardware is, in words.")
 @click.option("--cores", type=int, default=None)
 @click.option("--restricted", default="", help="What differs from the full machine (ISA, threads).")
