@@ -471,6 +471,20 @@ def test_fine_tune_update_keeps_the_start_unless_the_loss_falls(kb_checkpoint):
     assert any(not torch.equal(v, start[k]) for k, v in tuner.model.net.state_dict().items())
 
 
+@pytest.mark.parametrize("kind", ["xgb", "random"])
+def test_metaschedule_s_own_cost_models_are_counted_like_tcl_s(kind):
+    """xgb and random are MetaSchedule's models as they are, their predict calls counted and timed
+    (tcl tune reports predict_calls / candidates_scored / predict_seconds for every model)."""
+    from tcl.tuner.baselines import make_cost_model
+
+    _, _, ctx, candidates, _ = dense_candidates(6)
+    cm, stats = make_cost_model(kind, None, FAMILY, seed=0, threads=1)
+    scores = cm.predict(ctx, candidates)
+    assert scores.shape == (6,) and np.isfinite(scores).all()
+    cm.predict(ctx, candidates[:2])
+    assert (stats.predict_calls, stats.candidates_scored) == (2, 8) and stats.predict_seconds > 0
+
+
 def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
     from click.testing import CliRunner
 

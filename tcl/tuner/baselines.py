@@ -74,6 +74,37 @@ class TensetMLPCostModel(PyCostModel):
         return positive_scores(raw)  # the KB's fixed increasing map: MetaSchedule wants scores >= 0
 
 
+@derived_object
+class CountedCostModel(PyCostModel):
+    """One of MetaSchedule's own cost models (XGBoost, random), unchanged, with its predict calls
+    counted and timed as TCL's are (PredictStats): `tcl tune` reports them for every model, and
+    the study compares what each model's scoring costs inside the same search."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.stats = PredictStats()
+
+    def load(self, path: str) -> None:
+        self.inner.load(path)
+
+    def save(self, path: str) -> None:
+        self.inner.save(path)
+
+    def update(self, context, candidates, results) -> None:
+        self.stats.measured += len(candidates)
+        self.inner.update(context, candidates, results)
+
+    def predict(self, context, candidates) -> np.ndarray:
+        start = time.perf_counter()
+        out = np.asarray(self.inner.predict(context, candidates), np.float64)
+        st = self.stats
+        st.predict_calls += 1
+        st.candidates_scored += len(candidates)
+        st.predict_seconds += time.perf_counter() - start
+        return out
+
+
 def make_cost_model(kind: str, model: str | None, family: str | None, seed: int, threads: int,
                     fine_tune: bool = False):
     """(the MetaSchedule cost model, its PredictStats or None) for `kind` in COST_MODELS;
@@ -95,8 +126,9 @@ def make_cost_model(kind: str, model: str | None, family: str | None, seed: int,
         return cm, cm.stats
     if model:
         raise ValueError(f"--model is for tcl and mlp; {kind} learns online")
-    if kind == "xgb":
-        return ms.cost_model.XGBModel(num_tuning_cores=threads), None
-    if kind == "random":
-        return ms.cost_model.RandomModel(seed=seed), None
+    if kind in ("xgb", "random"):
+        inner = (ms.cost_model.XGBModel(num_tuning_cores=threads) if kind == "xgb"
+                 else ms.cost_model.RandomModel(seed=seed))
+        cm = CountedCostModel(inner)
+        return cm, cm.stats
     raise ValueError(f"unknown cost model {kind!r}; one of {', '.join(COST_MODELS)}")
