@@ -30,8 +30,6 @@ DEFAULTS = {
                               # their programs), then over the clusters inside each; none: clusters only
     # uncertainty first: on x86-sse-t1 (docs/sampling.md) 0.5/0.5/2 with pool 0.5 beat 1/1/1 with pool 0.3
     "weights": {"representativeness": 0.5, "diversity": 0.5, "uncertainty": 2.0},
-    # optional weights (absent: 0): performance favours the programs the current model predicts
-    # fastest in their task (not in the paper; docs/sampling.md measures it)
     "max_clusters": 256,      # K-Means clusters per round: min(round budget, this)
     "embed_dims": 32,         # principal components kept of the (standardised) embedding
     "fit_rows": 20000,        # programs that fit the projection and the K-Means centres
@@ -48,6 +46,8 @@ DEFAULTS = {
                                                            "patience": 100, "threads": 1}},
 }
 
+# weights `sample.weights` may add (absent: 0): performance favours the programs the current
+# model predicts fastest in their task (RDU only; not in the paper; docs/sampling.md measures it)
 OPTIONAL_WEIGHTS = ("performance",)
 
 

@@ -40,6 +40,7 @@ class RDUSampler(Sampler):
     def choose(self, state: RoundState, budget: int) -> np.ndarray:
         s, view = self.settings, state.view
         w_r, w_d, w_u = (s.weights[k] for k in ("representativeness", "diversity", "uncertainty"))
+        w_p = s.weights.get("performance", 0.0)
         unchosen = state.unchosen
         emb = view.embedding
         clusters = view.clusters(min(budget, s.max_clusters), rows=unchosen)
@@ -67,7 +68,6 @@ class RDUSampler(Sampler):
         unc = view.uncertainty(candidates) if w_u > 0 else None
         unc = np.zeros(len(candidates)) if unc is None else unc
         base = w_r * rep + w_u * unc
-        w_p = s.weights.get("performance", 0.0)
         perf = _task_ranks(view.predicted(candidates), state.pool.task[candidates]) if w_p > 0 else None
         if perf is not None:
             base = base + w_p * perf
