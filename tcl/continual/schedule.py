@@ -589,22 +589,19 @@ def family_warnings(family: str, start_platforms: list[str], sources: list[str],
         if f is not None and f != family:
             out.append(f"the starting KB learned platform {p!r} of family {f!r}, not {family!r}: "
                        f"transfer across families can hurt (negative transfer, paper Table 5)")
-    if target is not None:
-        f = fam(target)
-        if f is None:
-            out.append(f"the target {target!r} is not in the hardware registry: its family is unknown "
-                       f"(register it with `tcl hardware add {target} --family {family}`)")
-        elif f != family:
-            out.append(f"the target {target!r} belongs to family {f!r}, not {family!r}: the KB of "
-                       f"another family learns it (negative transfer, paper Table 5)")
-    for p in sources:
+
+    def check(role: str, p: str, family_hint: str, risk: str) -> None:
         f = fam(p)
         if f is None:
-            out.append(f"source {p!r} is not in the hardware registry: its family is unknown "
-                       f"(register it with `tcl hardware add {p} --family FAMILY`)")
+            out.append(f"{role} {p!r} is not in the hardware registry: its family is unknown "
+                       f"(register it with `tcl hardware add {p} --family {family_hint}`)")
         elif f != family:
-            out.append(f"source {p!r} belongs to family {f!r}, not {family!r}: its knowledge may "
-                       f"interfere rather than help (paper Table 5)")
+            out.append(f"{role} {p!r} belongs to family {f!r}, not {family!r}: {risk}")
+
+    if target is not None:
+        check("the target", target, family, "the KB of another family learns it (negative transfer, paper Table 5)")
+    for p in sources:
+        check("source", p, "FAMILY", "its knowledge may interfere rather than help (paper Table 5)")
     return out
 
 
