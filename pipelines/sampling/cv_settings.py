@@ -153,20 +153,19 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
     split = f"data/splits/{platform}"
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     folds = task_folds(len(train.tasks), int(cv["folds"]), int(cv["fold_seed"]))
-    sibling = sibling_platform(platform, cv["platforms"])
-    runnable = [name for name, spec in cv["candidates"].items()
-                if spec.get("model") != "sibling" or sibling is not None]
+    wants_kb = {name for name, spec in cv["candidates"].items() if spec.get("model") == "sibling"}
+    sibling = sibling_platform(platform, cv["platforms"]) if wants_kb else None
+    if wants_kb and sibling is None:
+        print(f"cv {platform}: no other platform of family {family_of(platform)} in cv.platforms; "
+              "the sibling-KB candidates are not run", flush=True)
+    runnable = [name for name in cv["candidates"] if name not in wants_kb or sibling is not None]
     jobs = [(f, name, float(ratio), int(seed)) for f in range(len(folds)) for ratio in cv["ratios"]
             for name in runnable for seed in cv["seeds"]]
-    rows, kb = [], None
+    rows, kb, model = [], None, None
     with tempfile.TemporaryDirectory(prefix="tcl-cv-kb-") as tmp:
-        kb_path = Path(tmp, "kb.pt")
-        if len(runnable) < len(cv["candidates"]):
-            print(f"cv {platform}: no other platform of family {family_of(platform)} in cv.platforms; "
-                  "the sibling-KB candidates are not run", flush=True)
-        elif any(spec.get("model") == "sibling" for spec in cv["candidates"].values()):
-            kb = train_sibling_kb(sibling, params, int(cv.get("kb_seed", 0)), kb_path)
-        model = load_model(kb_path) if kb else None  # the sampler fine-tunes a copy, never this one
+        if sibling is not None:
+            kb = train_sibling_kb(sibling, params, int(cv.get("kb_seed", 0)), Path(tmp, "kb.pt"))
+            model = load_model(Path(tmp, "kb.pt"))  # the sampler fine-tunes a copy, never this one
         for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
             held_mask = np.isin(train.task, folds[f])
             pool, held = train.subset(~held_mask), train.subset(held_mask)
@@ -174,7 +173,7 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             t0 = time.perf_counter()
             sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
                                        candidate_params(params, spec.get("sample", {})),
-                                       model=model if spec.get("model") == "sibling" else None, seed=seed)
+                                       model=model if name in wants_kb else None, seed=seed)
             rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
                          "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
                          "sampler_seconds": sel.seconds,

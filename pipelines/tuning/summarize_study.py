@@ -23,8 +23,6 @@ from tcl.bench.tune import TCL_VARIANTS, ratios
 from tcl.io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_safe
 from tcl.summary import figure_png, load_study_files
 
-VARIANTS = TCL_VARIANTS  # TCL's variants, each measured against every baseline
-
 REPORT_FIELDS = ("platform", "workload", "trials", "seeds", "curves", "runs")
 
 
@@ -50,7 +48,7 @@ def seed_finals(report: dict, model: str) -> list[float]:
 def study_ratios(report: dict) -> dict:
     """{TCL variant: {baseline: ratios}} from the report's mean curves."""
     curves = {n: (c["trials"], c["best_latency_s"], c["seconds"]) for n, c in report["curves"].items()}
-    return {v: ratios(curves, v) for v in VARIANTS if v in curves}
+    return {v: ratios(curves, v) for v in TCL_VARIANTS if v in curves}
 
 
 def task_rows(reports: list[dict]) -> list[dict]:
@@ -76,7 +74,7 @@ def overall(rows: list[dict]) -> dict:
     many tasks the variant reached the baseline's final latency at all (a speedup exists only
     there)."""
     out = {}
-    for variant in VARIANTS:
+    for variant in TCL_VARIANTS:
         per_task = [r["ratios"][variant] for r in rows if variant in r["ratios"]]
         for b in sorted({b for x in per_task for b in x}):
             rs = [x[b] for x in per_task if b in x]

@@ -169,16 +169,24 @@ class PlatformData:
         return self.test if self.test is not None else self.valid
 
 
-def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
-    """``<splits_dir>/<platform>/{train,valid,test}.npz`` (the ones that exist)."""
+def feature_file(path: str | os.PathLike | None, about: str = ""):
+    """The feature set at `path` (None for no path); a file that is not one is a ContinualError
+    naming it (after `about`)."""
     from tcl.features import FeatureFileError, load_feature_set
 
-    d = Path(splits_dir) / platform
+    if not path:
+        return None
     try:
-        parts = {part: load_feature_set(d / f"{part}.npz") if (d / f"{part}.npz").is_file() else None
-                 for part in ("train", "valid", "test")}
+        return load_feature_set(path)
     except FeatureFileError as exc:
-        raise ContinualError(f"source {platform!r}: {exc}") from None
+        raise ContinualError(f"{about}{exc}") from None
+
+
+def load_platform(platform: str, splits_dir: str | os.PathLike) -> PlatformData:
+    """``<splits_dir>/<platform>/{train,valid,test}.npz`` (the ones that exist)."""
+    d = Path(splits_dir) / platform
+    parts = {part: feature_file(d / f"{part}.npz", f"source {platform!r}: ") if (d / f"{part}.npz").is_file()
+             else None for part in ("train", "valid", "test")}
     return PlatformData(platform, **parts, train_file=str(d / "train.npz") if parts["train"] is not None else None)
 
 
@@ -631,7 +639,6 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     blanked, see :func:`unmeasured`): the distillation terms of the AC start, CL and KD run on them
     too."""
     from tcl import tracking
-    from tcl.features import FeatureFileError, load_feature_set
     from tcl.models import load_model
 
     cfg = settings(params)
@@ -642,17 +649,10 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         raise ContinualError(f"{start_checkpoint}: not a TCL checkpoint ({exc})") from None
     if not hasattr(kb, "net"):
         raise ContinualError(f"{start_checkpoint}: a {kb.kind} model; continual learning needs a torch net KB")
-
-    def features(path):
-        try:
-            return load_feature_set(path) if path else None
-        except FeatureFileError as exc:
-            raise ContinualError(str(exc)) from None
-
-    target_fs = features(target_data)
-    target = PlatformData(target_fs.platform, target_fs, features(target_valid), features(target_test),
+    target_fs = feature_file(target_data)
+    target = PlatformData(target_fs.platform, target_fs, feature_file(target_valid), feature_file(target_test),
                           train_file=str(target_data),
-                          pool=unmeasured(features(target_pool)) if target_pool else None)
+                          pool=unmeasured(feature_file(target_pool)) if target_pool else None)
     if target.pool is not None and target.pool.platform != target.platform:
         raise ContinualError(f"{target_pool} holds programs of platform {target.pool.platform!r}, "
                              f"not the target {target.platform!r}")
