@@ -26,6 +26,7 @@ import numpy as np
 import orjson
 
 from .io import atomic_path
+from .npzfile import StoredRows, stored_rows, write_npz
 from .records import ANSOR_STEP_KINDS, STEP_KINDS, gc_paused
 
 FEATURE_VERSION = "steps-v2"  # v2: MetaSchedule loop inputs carry their position (no collisions)
@@ -204,23 +205,28 @@ class ProgramLabels:
 class FeatureSet(ProgramLabels):
     """Step-sequence features, labels and task metadata of one platform's programs."""
 
-    x: np.ndarray     # (N, L, F) float32
+    x: np.ndarray     # (N, L, F) float32; a tcl.npzfile.StoredRows when loaded with stored_x
     mask: np.ndarray  # (N, L) bool, True on real steps
 
     def subset(self, index) -> "FeatureSet":
-        """Programs at `index`; tasks are re-indexed to those present, labels kept."""
+        """Programs at `index`; tasks are re-indexed to those present, labels kept. Stored rows
+        stay in the file (a view of the chosen rows, read when used or saved)."""
         index = np.asarray(index)
         if index.dtype == bool:
             index = np.flatnonzero(index)
-        return FeatureSet(x=self.x[index], mask=self.mask[index], **subset_labels(self, index))
+        x = self.x.take(index) if isinstance(self.x, StoredRows) else self.x[index]
+        return FeatureSet(x=x, mask=self.mask[index], **subset_labels(self, index))
 
     def save(self, path: str | os.PathLike) -> None:
         save_npz(path, {"x": self.x, "mask": self.mask, **label_arrays(self)})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "FeatureSet":
+    def load(cls, path: str | os.PathLike, stored_x: bool = False) -> "FeatureSet":
+        """The feature set at `path`; `stored_x`: x stays in the file, read row by row on use
+        (tcl.npzfile.StoredRows; the rest is loaded), for files larger than memory."""
         with open_npz(path, ("x", "mask"), "feature file") as z:
-            return cls(x=z["x"], mask=z["mask"], **read_labels(z))
+            x = stored_rows(path, "x") if stored_x else None
+            return cls(x=z["x"] if x is None else x, mask=z["mask"], **read_labels(z))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,11 +276,12 @@ def read_labels(z) -> dict:
     )
 
 
-def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write `arrays` as an uncompressed .npz, atomically (temp file + rename)."""
+def save_npz(path: str | os.PathLike, arrays: dict) -> None:
+    """Write `arrays` as an uncompressed .npz, atomically (temp file + rename); stored rows are
+    copied chunk by chunk (tcl.npzfile.write_npz)."""
     with atomic_path(path, suffix=".npz") as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            write_npz(f, arrays)
 
 
 @contextlib.contextmanager
@@ -348,9 +355,10 @@ class FeatureKindError(ValueError):
     """A feature set of another kind than a model reads (step sequences vs per-store rows)."""
 
 
-def load_feature_set(path: str | os.PathLike) -> FeatureSet:
-    """FeatureSet.load with one clear error (FeatureFileError) for anything that is not one."""
-    fs = read_feature_file(path, FeatureSet.load)
+def load_feature_set(path: str | os.PathLike, stored_x: bool = False) -> FeatureSet:
+    """FeatureSet.load with one clear error (FeatureFileError) for anything that is not one;
+    `stored_x`: x read from the file on use (see FeatureSet.load)."""
+    fs = read_feature_file(path, lambda p: FeatureSet.load(p, stored_x=stored_x))
     n = len(fs.y)
     if fs.x.ndim != 3 or fs.mask.shape != fs.x.shape[:2] or not (len(fs.x) == len(fs.task) == n):
         raise FeatureFileError(f"{path}: inconsistent arrays (x {fs.x.shape}, mask {fs.mask.shape}, "

@@ -236,6 +236,29 @@ def test_cli_sample_json_contract_and_model(tmp_path, one_torch_thread):
     assert load_feature_set(out).meta["sample"]["model_ref"] == str(model_path)
 
 
+def test_cli_sample_reads_the_file_in_row_slices_and_chooses_as_in_memory(tmp_path, one_torch_thread):
+    """`tcl sample` keeps the step features in the file (pools larger than memory); the subset is
+    the one the in-memory path chooses, byte for byte in its arrays."""
+    import yaml
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.features import load_feature_set
+
+    data = tmp_path / "train.npz"
+    fs = make_fs(n_tasks=6, per_task=30, seed=9)
+    fs.save(data)
+    params = _params_file(tmp_path)
+    out = tmp_path / "subset.npz"
+    res = CliRunner().invoke(main, ["sample", str(data), "--ratio", "0.2", "--strategy", "rdu", "--seed", "1",
+                                    "--params", str(params), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    expected, _ = sample_features(load_feature_set(data), 0.2, "rdu", yaml.safe_load(params.read_text()), seed=1)
+    got = load_feature_set(out)
+    assert np.array_equal(got.x, expected.x) and np.array_equal(got.mask, expected.mask)
+    assert np.array_equal(got.program_id, expected.program_id) and np.array_equal(got.y, expected.y)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--ratio", "0"], "--ratio must be in (0, 1]"),
     (["--ratio", "1.5"], "--ratio must be in (0, 1]"),
@@ -278,6 +301,20 @@ def test_bench_sample_times_a_small_pool_beside_its_baselines():
     assert out[0]["seconds"] > 0 and out[0]["peak_rss_mb"] >= out[0]["rss_before_mb"] > 0
     assert out[0]["random_seconds"] > 0 and out[0]["kmeans_fit_seconds"] > 0
     assert "3000" in format_table(out)
+
+
+def test_bench_sample_from_file_times_the_command_on_a_written_pool(tmp_path):
+    from tcl.bench.sample import bench_sample, format_table
+
+    out = bench_sample([2000], ratio=0.1, rounds=2, params={"featurize": {"max_len": 8}}, from_file=True,
+                       workdir=str(tmp_path))
+    row = out[0]
+    assert row["from_file"] and row["selected"] == 200
+    assert row["file_gb"] * 1e9 > 2000 * 8 * 4  # the steps (8 rows of F float32 each program) are in the file
+    assert 0 < row["sampler_seconds"] < row["seconds"] and row["random_seconds"] > 0
+    assert row["peak_rss_mb"] > 0 and row["random_peak_rss_mb"] > 0
+    assert list(tmp_path.iterdir()) == []  # the pool file and the subsets are removed
+    assert "2000" in format_table(out) and "file GB" in format_table(out)
 
 
 class GroupModel(CostModel):

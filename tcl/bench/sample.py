@@ -7,7 +7,7 @@ Each pool size runs in a fresh process (its peak resident memory, ``ru_maxrss``,
   F = the featurizer's width): programs of 64 families, each a pattern of step rows drawn from a
   table of 2,048 distinct rows, a share of its steps replaced at random, random lengths. The
   features of 10^6 programs are ~16 GB at (48, 87), more than this machine holds, so they are
-  generated block by block when read, as a memory-mapped feature file would be paged in; the
+  generated block by block when read, as `tcl sample` reads a feature file's rows (tcl.npzfile); the
   mask and the task index (~50 MB at 10^6) are in memory.
 * the strategy (default ``rdu``, `rounds` rounds, no net retrained: ``retrain.kind none``, so the
   later rounds' uncertainty is the committee's): wall seconds of ``select``, peak RSS of the
@@ -15,6 +15,13 @@ Each pool size runs in a fresh process (its peak resident memory, ``ru_maxrss``,
 * baselines in the same process: random selection of the same budget, and one MiniBatchKMeans
   fit of ``max_clusters`` clusters on ``fit_rows`` programs of the cold embedding (the unit of
   RDU's clustering).
+
+``from_file``: the pool is first written as a real feature file (``tcl featurize``'s format, ~17
+KB a program at (48, 87)) and the user's command is timed on it: ``tcl sample FILE --out SUBSET``
+in its own process (reading the file's step features in row slices, choosing, writing the
+subset chunk by chunk), its wall seconds and its own peak RSS, beside ``--strategy random`` run
+the same way. The file is written to ``workdir`` (default: a temporary directory) and removed;
+right after it was written most of it is in the page cache, so this times the sampler, not the disk.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +44,8 @@ BLOCK = 8192  # programs generated at a time
 class SyntheticSteps:
     """(N, L, F) float32 step features generated on reading (row slices or index arrays), the
     same rows whatever the reads: block b of BLOCK programs is drawn from a generator seeded (seed, b)."""
+
+    dtype = np.dtype(np.float32)
 
     def __init__(self, n: int, max_len: int, n_features: int, seed: int = 0, n_families: int = 64):
         self.shape = (int(n), int(max_len), int(n_features))
@@ -123,8 +133,83 @@ def _one_size(n: int, ratio: float, strategy: str, rounds: int, settings: dict, 
             "round_sizes": [r["selected"] for r in sel.rounds]}
 
 
+# Runs argv[2:] and writes [exit code, its peak RSS in KB] to argv[1]. A child's ru_maxrss starts
+# from its parent's resident size at the fork (Linux keeps it across exec), so the command is
+# forked from this bare interpreter (python -S, a few MB), not from the bench's process.
+_LAUNCH = """import json, os, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump([os.waitstatus_to_exitcode(status), usage.ru_maxrss], f)
+"""
+
+
+def _command_peak(args: list[str]) -> tuple[float, float, str]:
+    """Run `args`; (wall seconds, its own peak RSS in MB, its stdout). RuntimeError on failure."""
+    with tempfile.TemporaryDirectory(prefix="tcl-bench-cmd-") as tmp:
+        usage_file = Path(tmp) / "usage.json"
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCH, str(usage_file), *args],
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        code, peak_kb = json.loads(usage_file.read_text()) if usage_file.exists() else (proc.returncode, 0)
+    if proc.returncode != 0 or code != 0:
+        raise RuntimeError(f"{' '.join(args[2:])} failed ({code}):\n{proc.stderr[-2000:]}")
+    return seconds, peak_kb / 1024.0, proc.stdout
+
+
+def _one_file(n: int, ratio: float, strategy: str, rounds: int, settings: dict, max_len: int,
+              n_features: int, seed: int, workdir: str | None) -> dict:
+    """Run in a fresh process: write a synthetic pool of `n` programs as a feature file, then time
+    `tcl sample` on it with `strategy` and with random (each its own process)."""
+    import yaml
+
+    from tcl.features import FeatureSet, task_labels
+
+    x = SyntheticSteps(n, max_len, n_features, seed)
+    task = (np.arange(n) // 128).astype(np.int32)
+    latency = np.random.default_rng([seed, 4]).lognormal(0.0, 0.5, n)
+    n_tasks = int(task.max()) + 1
+    fs = FeatureSet(x=x, mask=x.mask, y=task_labels(task, latency), latency=latency, task=task,
+                    program_id=np.char.mod("p%d", np.arange(n)), tasks=[f"t{i}" for i in range(n_tasks)],
+                    task_desc=[""] * n_tasks, task_weight=np.ones(n_tasks), task_networks=[["synthetic"]] * n_tasks,
+                    platform="synthetic")
+    with tempfile.TemporaryDirectory(prefix="tcl-bench-sample-", dir=workdir) as tmp:
+        pool_file, params_file = Path(tmp) / "pool.npz", Path(tmp) / "params.yaml"
+        t0 = time.perf_counter()
+        fs.save(pool_file)
+        write_s = time.perf_counter() - t0
+        params_file.write_text(yaml.safe_dump({"featurize": {"max_len": max_len},
+                                               "sample": {**settings, "retrain": {"kind": "none"}}}))
+        row = {"programs": n, "selected": max(1, int(round(ratio * n))), "strategy": strategy, "rounds": rounds,
+               "from_file": True, "file_gb": pool_file.stat().st_size / 1e9, "write_seconds": write_s}
+        for name in (strategy, "random"):
+            out_file = Path(tmp) / f"{name}.npz"
+            seconds, peak, stdout = _command_peak([
+                sys.executable, "-m", "tcl.cli", "sample", str(pool_file), "--ratio", str(ratio), "--strategy", name,
+                "--rounds", str(rounds), "--seed", str(seed), "--params", str(params_file), "--out", str(out_file),
+                "--json"])
+            summary = json.loads(stdout.strip().splitlines()[-1])
+            if name == strategy:
+                with np.load(out_file) as z:
+                    chosen = z["x"].shape[0]
+                assert chosen == summary["selected"] == row["selected"]
+                row.update(seconds=seconds, peak_rss_mb=peak, sampler_seconds=summary["seconds"],
+                           subset_gb=out_file.stat().st_size / 1e9)
+            else:
+                row.update(random_seconds=seconds, random_peak_rss_mb=peak)
+            out_file.unlink()
+    return row
+
+
 def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds: int = 3,
-                 params: dict | None = None, seed: int = 0) -> list[dict]:
+                 params: dict | None = None, seed: int = 0, from_file: bool = False,
+                 workdir: str | None = None) -> list[dict]:
     """One row per pool size (each measured in its own process); see the module docstring."""
     from tcl.features import Featurizer
 
@@ -136,9 +221,11 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
     rows = []
     for n in sizes:
         args = [int(n), float(ratio), strategy, int(rounds), settings, max_len, n_features, int(seed)]
+        if from_file:
+            args.append(workdir)
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": path})
+        proc = subprocess.run([sys.executable, "-c", _CHILD_FILE if from_file else _CHILD, json.dumps(args)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         if proc.returncode != 0:
             raise RuntimeError(f"bench sample of {n} programs failed:\n{proc.stderr[-2000:]}")
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -148,10 +235,13 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
 # one pool size in a fresh interpreter: its peak RSS is then its own
 _CHILD = ("import json, sys; from tcl.bench.sample import _one_size; "
           "print(json.dumps(_one_size(*json.loads(sys.argv[1]))))")
+_CHILD_FILE = _CHILD.replace("_one_size", "_one_file")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the tcl package's parent: the child imports this code
 
 
 def format_table(rows: list[dict]) -> str:
+    if rows and rows[0].get("from_file"):
+        return format_file_table(rows)
     head = (f"{'programs':>10s} {'chosen':>8s} {'strategy':>9s} {'seconds':>8s} {'peak MB':>8s} "
             f"{'before MB':>9s} | {'random s':>8s} {'1 k-means fit s':>15s}")
     lines = [head, "-" * len(head)]
@@ -162,4 +252,19 @@ def format_table(rows: list[dict]) -> str:
     if rows:
         lines.append(f"({rows[0]['rounds']} round(s), no net retrained; peak MB: the process's peak resident "
                      "memory, before MB: before sampling (interpreter, libraries, the pool's mask))")
+    return "\n".join(lines)
+
+
+def format_file_table(rows: list[dict]) -> str:
+    head = (f"{'programs':>10s} {'file GB':>8s} {'chosen':>8s} {'strategy':>9s} {'seconds':>8s} {'sampler s':>9s} "
+            f"{'peak MB':>8s} | {'random s':>8s} {'random MB':>9s} | {'write s':>8s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['programs']:10d} {r['file_gb']:8.2f} {r['selected']:8d} {r['strategy']:>9s} "
+                     f"{r['seconds']:8.2f} {r['sampler_seconds']:9.2f} {r['peak_rss_mb']:8.0f} | "
+                     f"{r['random_seconds']:8.2f} {r['random_peak_rss_mb']:9.0f} | {r['write_seconds']:8.1f}")
+    if rows:
+        lines.append(f"(`tcl sample FILE` end to end in its own process, {rows[0]['rounds']} round(s), no net "
+                     "retrained: seconds = read + choose + write the subset; sampler s: choosing alone; peak MB: "
+                     "that process's peak resident memory; write s: writing the pool file, not timed against)")
     return "\n".join(lines)

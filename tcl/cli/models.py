@@ -261,10 +261,16 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
               help="Rounds (no net is retrained between them).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml: its sample: settings and featurize.max_len.")
+@click.option("--from-file", is_flag=True,
+              help="Write each pool as a feature file and time `tcl sample FILE` on it end to end "
+                   "(~17 KB of disk a program at the default shape), beside --strategy random.")
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With --from-file: where the pool files are written (default: the temp directory).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
-def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
+def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, workdir, as_json):
     """Seconds and peak memory to choose RATIO of synthetic pools, beside random selection and one
-    K-Means fit measured in the same process (tcl.bench.sample)."""
+    K-Means fit measured in the same process (tcl.bench.sample); with --from-file, of the
+    `tcl sample` command on the pool written as a feature file."""
     from tcl.bench.sample import bench_sample, format_table
 
     try:
@@ -274,7 +280,8 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, as_json):
     if not pool_sizes or min(pool_sizes) < 1:
         raise click.BadParameter(f"--sizes: expected positive pool sizes, got {sizes!r}")
     try:
-        rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path))
+        rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path),
+                            from_file=from_file, workdir=workdir)
     except RuntimeError as exc:  # a child's failure, with its stderr's tail
         raise click.ClickException(str(exc)) from None
     click.echo(format_table(rows))

@@ -43,8 +43,8 @@ def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, out,
         raise click.ClickException(f"{params_path}: sample.strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     if not 0 < float(ratio) <= 1:
         raise click.ClickException(f"--ratio must be in (0, 1], got {ratio}")
-    try:
-        fs = load_feature_set(features)
+    try:  # the step features stay in the file, read in row slices: pools larger than memory
+        fs = load_feature_set(features, stored_x=True)
     except FeatureFileError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
