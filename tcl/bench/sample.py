@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -239,32 +240,34 @@ _CHILD_FILE = _CHILD.replace("_one_size", "_one_file")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the tcl package's parent: the child imports this code
 
 
+# (header, row key, format) of each column; "|" separates the strategy from its baselines
+_COLUMNS = [("programs", "programs", "10d"), ("chosen", "selected", "8d"), ("strategy", "strategy", ">9s"),
+            ("seconds", "seconds", "8.2f"), ("peak MB", "peak_rss_mb", "8.0f"), ("before MB", "rss_before_mb", "9.0f"),
+            "|", ("random s", "random_seconds", "8.3f"), ("1 k-means fit s", "kmeans_fit_seconds", "15.2f")]
+_FILE_COLUMNS = [("programs", "programs", "10d"), ("file GB", "file_gb", "8.2f"), ("chosen", "selected", "8d"),
+                 ("strategy", "strategy", ">9s"), ("seconds", "seconds", "8.2f"), ("sampler s", "sampler_seconds", "9.2f"),
+                 ("peak MB", "peak_rss_mb", "8.0f"), "|", ("random s", "random_seconds", "8.2f"),
+                 ("random MB", "random_peak_rss_mb", "9.0f"), "|", ("write s", "write_seconds", "8.1f")]
+
+
 def format_table(rows: list[dict]) -> str:
-    if rows and rows[0].get("from_file"):
-        return format_file_table(rows)
-    head = (f"{'programs':>10s} {'chosen':>8s} {'strategy':>9s} {'seconds':>8s} {'peak MB':>8s} "
-            f"{'before MB':>9s} | {'random s':>8s} {'1 k-means fit s':>15s}")
+    """The rows as a text table, with what the columns mean."""
+    from_file = bool(rows and rows[0].get("from_file"))
+    columns = _FILE_COLUMNS if from_file else _COLUMNS
+
+    def line(cells) -> str:
+        return " ".join(cells)
+
+    width = [1 if col == "|" else int(re.match(r"\D*(\d+)", col[2]).group(1)) for col in columns]  # "8.2f" -> 8
+    head = line("|" if col == "|" else f"{col[0]:>{w}s}" for col, w in zip(columns, width))
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['programs']:10d} {r['selected']:8d} {r['strategy']:>9s} {r['seconds']:8.2f} "
-                     f"{r['peak_rss_mb']:8.0f} {r['rss_before_mb']:9.0f} | {r['random_seconds']:8.3f} "
-                     f"{r['kmeans_fit_seconds']:15.2f}")
-    if rows:
-        lines.append(f"({rows[0]['rounds']} round(s), no net retrained; peak MB: the process's peak resident "
-                     "memory, before MB: before sampling (interpreter, libraries, the pool's mask))")
-    return "\n".join(lines)
-
-
-def format_file_table(rows: list[dict]) -> str:
-    head = (f"{'programs':>10s} {'file GB':>8s} {'chosen':>8s} {'strategy':>9s} {'seconds':>8s} {'sampler s':>9s} "
-            f"{'peak MB':>8s} | {'random s':>8s} {'random MB':>9s} | {'write s':>8s}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['programs']:10d} {r['file_gb']:8.2f} {r['selected']:8d} {r['strategy']:>9s} "
-                     f"{r['seconds']:8.2f} {r['sampler_seconds']:9.2f} {r['peak_rss_mb']:8.0f} | "
-                     f"{r['random_seconds']:8.2f} {r['random_peak_rss_mb']:9.0f} | {r['write_seconds']:8.1f}")
-    if rows:
+        lines.append(line("|" if col == "|" else format(r[col[1]], col[2]) for col in columns))
+    if rows and from_file:
         lines.append(f"(`tcl sample FILE` end to end in its own process, {rows[0]['rounds']} round(s), no net "
                      "retrained: seconds = read + choose + write the subset; sampler s: choosing alone; peak MB: "
                      "that process's peak resident memory; write s: writing the pool file, not timed against)")
+    elif rows:
+        lines.append(f"({rows[0]['rounds']} round(s), no net retrained; peak MB: the process's peak resident "
+                     "memory, before MB: before sampling (interpreter, libraries, the pool's mask))")
     return "\n".join(lines)
