@@ -85,7 +85,8 @@ class StoredRows:
         if isinstance(key, (int, np.integer)):
             return self[np.asarray([key])][0]
         if isinstance(key, tuple):  # x[rows, ...]: read the rows, then index within them
-            return self[key[0]][(slice(None), *key[1:])]
+            rows = self[key[0]]
+            return rows[key[1:]] if isinstance(key[0], (int, np.integer)) else rows[(slice(None), *key[1:])]
         return self._read(self._stored(key))
 
     def __array__(self, dtype=None, copy=None):

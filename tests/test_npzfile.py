@@ -30,7 +30,8 @@ def test_stored_rows_read_what_np_load_reads(stored):
                 np.array([499, 0, 0, 250, 251, 252, -1]), rng.random(500) < 0.2, []):
         assert np.array_equal(rows[key], x[key]), key
     assert np.array_equal(rows[7], x[7]) and np.array_equal(rows[-2], x[-2])
-    assert np.array_equal(rows[3:9, 2], x[3:9, 2])
+    assert np.array_equal(rows[3:9, 2], x[3:9, 2]) and np.array_equal(rows[3, 2], x[3, 2])
+    assert np.array_equal(rows[[4, 1], :, 0], x[[4, 1], :, 0])
     assert np.array_equal(stored_rows(path, "mask")[[5, 1]], mask[[5, 1]])
     with pytest.raises(IndexError):
         rows[[500]]
