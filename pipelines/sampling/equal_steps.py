@@ -1,0 +1,98 @@
+"""Does a 10% subset's model lose because it gets ~10x fewer optimizer steps? (issue 12, what was tried)
+
+The study trains every subset's Mamba with the main job's `pipeline.train` (30 epochs, patience
+10, warmup 1): on a 10% subset an epoch is ~5 batches against ~46 on the whole pool. Here, under
+the cross-validation protocol of cv_settings.py (the training split's tasks in 4 folds, seeded as
+there; score on the held-out fold's tasks; the test split untouched), each (platform, fold, seed)
+trains on the whole pool, and on RDU's and random's 10% with the default epochs and with epochs,
+patience and warmup scaled by pool / subset (equal optimizer steps).
+
+    python pipelines/sampling/equal_steps.py run --platforms x86-sse-t1,znver4-avx512-t1 --folds 0,1,2,3 \
+        --out /tmp/a.jsonl          # one JSON line a (platform, fold, seed), ~100 s each on one core
+    python pipelines/sampling/equal_steps.py summary pipelines/sampling/equal_steps.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from cv_settings import task_folds
+from quick_study import train_and_score
+
+from tcl.config import load_params
+from tcl.features import load_feature_set
+from tcl.sampling.subset import sample_features
+
+VARIANTS = ("full", "rdu", "rdu-steps", "random", "random-steps")
+
+
+def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
+    tp = {**params["train"], **params["pipeline"]["train"]}
+    split = f"data/splits/{platform}"
+    train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
+    held_mask = np.isin(train.task, task_folds(len(train.tasks), 4, 0)[fold])
+    pool, held = train.subset(~held_mask), train.subset(held_mask)
+    t0 = time.time()
+    row = {"platform": platform, "fold": fold, "seed": seed,
+           "full": train_and_score(pool, valid, held, params, seed, threads=1)}
+    for strategy in ("rdu", "random"):
+        sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
+        k = len(pool) / len(sub)
+        row[strategy] = train_and_score(sub, valid, held, params, seed, threads=1)
+        row[f"{strategy}-steps"] = train_and_score(sub, valid, held, params, seed, threads=1,
+                                                   epochs=int(round(tp["epochs"] * k)),
+                                                   patience=int(round(tp["patience"] * k)),
+                                                   warmup_epochs=int(round(tp["warmup_epochs"] * k)))
+    row["seconds"] = time.time() - t0
+    return row
+
+
+def summary(rows: list[dict]) -> str:
+    def se(v):
+        return v.std(ddof=1) / np.sqrt(len(v))
+
+    lines = [f"{len(rows)} paired runs; platforms {', '.join(sorted({r['platform'] for r in rows}))}",
+             "| variant | per-task top-1 | network top-1 |", "|---|---:|---:|"]
+    for k in VARIANTS:
+        v, w = (np.array([r[k][m] for r in rows]) for m in ("task_top1", "top1"))
+        lines.append(f"| {k} | {v.mean():.3f} ± {se(v):.3f} | {w.mean():.3f} ± {se(w):.3f} |")
+    lines += ["", "| paired (per-task top-1) | mean ± se | runs above |", "|---|---:|---:|"]
+    for a, b in (("rdu-steps", "rdu"), ("random-steps", "random"), ("rdu", "random"),
+                 ("rdu-steps", "random-steps"), ("full", "rdu-steps")):
+        d = np.array([r[a]["task_top1"] - r[b]["task_top1"] for r in rows])
+        lines.append(f"| {a} - {b} | {d.mean():+.3f} ± {se(d):.3f} | {(d > 0).sum()}/{len(d)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run")
+    run.add_argument("--platforms", required=True)
+    run.add_argument("--folds", default="0,1,2,3")
+    run.add_argument("--seeds", default="0,1")
+    run.add_argument("--params", default="params.yaml")
+    run.add_argument("--out", required=True, help="JSON lines, appended")
+    show = sub.add_parser("summary")
+    show.add_argument("rows")
+    a = ap.parse_args()
+    if a.command == "summary":
+        print(summary([json.loads(line) for line in open(a.rows) if line.strip()]))
+        return
+    params = load_params(a.params)
+    for platform in a.platforms.split(","):
+        for fold in (int(f) for f in a.folds.split(",")):
+            for seed in (int(s) for s in a.seeds.split(",")):
+                row = run_one(platform, fold, seed, params)
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
