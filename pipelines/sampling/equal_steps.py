@@ -10,6 +10,9 @@ patience and warmup scaled by pool / subset (equal optimizer steps).
     python pipelines/sampling/equal_steps.py run --platforms x86-sse-t1,znver4-avx512-t1 --folds 0,1,2,3 \
         --out /tmp/a.jsonl          # one JSON line a (platform, fold, seed), ~100 s each on one core
     python pipelines/sampling/equal_steps.py summary pipelines/sampling/equal_steps.jsonl
+    python pipelines/sampling/equal_steps.py heldout --platform x86-sse-t1 --out /tmp/h.jsonl
+                                    # RDU / random 10% of the whole training split, default and equal
+                                    # steps, scored on the test split (the held-out networks), seeds 0-2
 """
 
 from __future__ import annotations
@@ -31,8 +34,18 @@ from tcl.sampling.subset import sample_features
 VARIANTS = ("full", "rdu", "rdu-steps", "random", "random-steps")
 
 
-def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
+def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str) -> tuple[dict, dict]:
+    """(default training, equal steps): a Mamba on `strategy`'s 10% of `pool`, scored on `test`."""
     tp = {**params["train"], **params["pipeline"]["train"]}
+    sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
+    k = len(pool) / len(sub)
+    return (train_and_score(sub, valid, test, params, seed, threads=1),
+            train_and_score(sub, valid, test, params, seed, threads=1, epochs=int(round(tp["epochs"] * k)),
+                            patience=int(round(tp["patience"] * k)),
+                            warmup_epochs=int(round(tp["warmup_epochs"] * k))))
+
+
+def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
     split = f"data/splits/{platform}"
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     held_mask = np.isin(train.task, task_folds(len(train.tasks), 4, 0)[fold])
@@ -41,13 +54,7 @@ def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
     row = {"platform": platform, "fold": fold, "seed": seed,
            "full": train_and_score(pool, valid, held, params, seed, threads=1)}
     for strategy in ("rdu", "random"):
-        sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
-        k = len(pool) / len(sub)
-        row[strategy] = train_and_score(sub, valid, held, params, seed, threads=1)
-        row[f"{strategy}-steps"] = train_and_score(sub, valid, held, params, seed, threads=1,
-                                                   epochs=int(round(tp["epochs"] * k)),
-                                                   patience=int(round(tp["patience"] * k)),
-                                                   warmup_epochs=int(round(tp["warmup_epochs"] * k)))
+        row[strategy], row[f"{strategy}-steps"] = subset_scores(pool, valid, held, params, seed, strategy)
     row["seconds"] = time.time() - t0
     return row
 
@@ -80,11 +87,27 @@ def main() -> None:
     run.add_argument("--out", required=True, help="JSON lines, appended")
     show = sub.add_parser("summary")
     show.add_argument("rows")
+    held = sub.add_parser("heldout")
+    held.add_argument("--platform", required=True)
+    held.add_argument("--seeds", default="0,1,2")
+    held.add_argument("--params", default="params.yaml")
+    held.add_argument("--out", required=True, help="JSON lines, appended")
     a = ap.parse_args()
     if a.command == "summary":
         print(summary([json.loads(line) for line in open(a.rows) if line.strip()]))
         return
     params = load_params(a.params)
+    if a.command == "heldout":
+        split = f"data/splits/{a.platform}"
+        train, valid, test = (load_feature_set(f"{split}/{n}.npz") for n in ("train", "valid", "test"))
+        for seed in (int(s) for s in a.seeds.split(",")):
+            for strategy in ("rdu", "random"):
+                default, steps = subset_scores(train, valid, test, params, seed, strategy)
+                row = {"platform": a.platform, "seed": seed, "strategy": strategy, "default": default, "steps": steps}
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), file=sys.stderr, flush=True)
+        return
     for platform in a.platforms.split(","):
         for fold in (int(f) for f in a.folds.split(",")):
             for seed in (int(s) for s in a.seeds.split(",")):
