@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from .io import atomic_path
-from .npzfile import StoredRows, stored_rows, write_npz
+from .npzfile import stored_rows, write_npz
 from .records import ANSOR_STEP_KINDS, STEP_KINDS, gc_paused
 
 FEATURE_VERSION = "steps-v2"  # v2: MetaSchedule loop inputs carry their position (no collisions)
@@ -214,8 +214,7 @@ class FeatureSet(ProgramLabels):
         index = np.asarray(index)
         if index.dtype == bool:
             index = np.flatnonzero(index)
-        x = self.x.take(index) if isinstance(self.x, StoredRows) else self.x[index]
-        return FeatureSet(x=x, mask=self.mask[index], **subset_labels(self, index))
+        return FeatureSet(x=self.x.take(index, axis=0), mask=self.mask[index], **subset_labels(self, index))
 
     def save(self, path: str | os.PathLike) -> None:
         save_npz(path, {"x": self.x, "mask": self.mask, **label_arrays(self)})

@@ -77,8 +77,11 @@ class StoredRows:
             pos = np.where(pos < 0, pos + n, pos)
         return pos if self.rows is None else self.rows[pos]
 
-    def take(self, key) -> "StoredRows":
-        """A view of rows `key` (in that order) that reads nothing until indexed."""
+    def take(self, key, axis: int = 0) -> "StoredRows":
+        """A view of rows `key` (in that order) that reads nothing until indexed; ``x.take(index,
+        axis=0)`` as on an ndarray, so callers need not tell the two apart."""
+        if axis != 0:
+            raise ValueError("stored rows are taken along axis 0 only")
         return StoredRows(self.path, self.offset, self.stored_shape, self.dtype, self._stored(key))
 
     def __getitem__(self, key) -> np.ndarray:

@@ -171,6 +171,7 @@ def _one_file(n: int, ratio: float, strategy: str, rounds: int, settings: dict, 
     import yaml
 
     from tcl.features import FeatureSet, task_labels
+    from tcl.npzfile import stored_rows
 
     x = SyntheticSteps(n, max_len, n_features, seed)
     task = (np.arange(n) // 128).astype(np.int32)
@@ -197,9 +198,7 @@ def _one_file(n: int, ratio: float, strategy: str, rounds: int, settings: dict, 
                 "--json"])
             summary = json.loads(stdout.strip().splitlines()[-1])
             if name == strategy:
-                with np.load(out_file) as z:
-                    chosen = z["x"].shape[0]
-                assert chosen == summary["selected"] == row["selected"]
+                assert stored_rows(out_file, "x").shape[0] == summary["selected"] == row["selected"]  # header only
                 row.update(seconds=seconds, peak_rss_mb=peak, sampler_seconds=summary["seconds"],
                            subset_gb=out_file.stat().st_size / 1e9)
             else:
@@ -225,7 +224,8 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
         if from_file:
             args.append(workdir)
         path = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
-        proc = subprocess.run([sys.executable, "-c", _CHILD_FILE if from_file else _CHILD, json.dumps(args)],
+        child = "_one_file" if from_file else "_one_size"
+        proc = subprocess.run([sys.executable, "-c", _CHILD, child, json.dumps(args)],
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         if proc.returncode != 0:
             raise RuntimeError(f"bench sample of {n} programs failed:\n{proc.stderr[-2000:]}")
@@ -234,9 +234,8 @@ def bench_sample(sizes=SIZES, ratio: float = 0.1, strategy: str = "rdu", rounds:
 
 
 # one pool size in a fresh interpreter: its peak RSS is then its own
-_CHILD = ("import json, sys; from tcl.bench.sample import _one_size; "
-          "print(json.dumps(_one_size(*json.loads(sys.argv[1]))))")
-_CHILD_FILE = _CHILD.replace("_one_size", "_one_file")
+_CHILD = ("import json, sys; import tcl.bench.sample as bench; "
+          "print(json.dumps(getattr(bench, sys.argv[1])(*json.loads(sys.argv[2]))))")
 _ROOT = str(Path(__file__).resolve().parents[2])  # the tcl package's parent: the child imports this code
 
 
@@ -255,14 +254,11 @@ def format_table(rows: list[dict]) -> str:
     from_file = bool(rows and rows[0].get("from_file"))
     columns = _FILE_COLUMNS if from_file else _COLUMNS
 
-    def line(cells) -> str:
-        return " ".join(cells)
-
     width = [1 if col == "|" else int(re.match(r"\D*(\d+)", col[2]).group(1)) for col in columns]  # "8.2f" -> 8
-    head = line("|" if col == "|" else f"{col[0]:>{w}s}" for col, w in zip(columns, width))
+    head = " ".join("|" if col == "|" else f"{col[0]:>{w}s}" for col, w in zip(columns, width))
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(line("|" if col == "|" else format(r[col[1]], col[2]) for col in columns))
+        lines.append(" ".join("|" if col == "|" else format(r[col[1]], col[2]) for col in columns))
     if rows and from_file:
         lines.append(f"(`tcl sample FILE` end to end in its own process, {rows[0]['rounds']} round(s), no net "
                      "retrained: seconds = read + choose + write the subset; sampler s: choosing alone; peak MB: "
