@@ -52,6 +52,10 @@ DEFAULT_TRAIN = {
     "batch_size": 1024,
     "epochs": 30,
     "patience": 6,           # epochs without a better validation `select` before stopping
+    # an epoch is at least this many optimizer steps: a training set with fewer batches is passed
+    # over again (reshuffled) within the epoch, so a 10% subset's model gets the steps, warmup and
+    # patience (all counted in epochs) a whole split's gets. 0: one pass an epoch
+    "min_steps_per_epoch": 0,
     # the validation metric that picks the kept epoch and stops early: top1 | top5 | pairwise |
     # spearman (the mean over the validation sets; tcl.metrics.evaluate)
     "select": "top1",
@@ -146,6 +150,21 @@ def epoch_batches(sets: Sequence, batch_size: int, rng: np.random.Generator, by_
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def passes_per_epoch(batches_per_pass: int, min_steps: int) -> int:
+    """How many passes over the training sets make one epoch of at least `min_steps` steps."""
+    return max(1, math.ceil(int(min_steps) / max(int(batches_per_pass), 1)))
+
+
+def epoch_plan(sets: Sequence, batch_size: int, rng: np.random.Generator, by_task: bool,
+               min_steps: int = 0) -> list[tuple[int, np.ndarray]]:
+    """One epoch's batches: `epoch_batches`, passed over again (each pass reshuffled from `rng`)
+    until there are at least `min_steps` of them. The first pass is `epoch_batches`' own."""
+    batches = epoch_batches(sets, batch_size, rng, by_task)
+    for _ in range(passes_per_epoch(len(batches), min_steps) - 1):
+        batches += epoch_batches(sets, batch_size, rng, by_task)
+    return batches
+
+
 def validate(model, sets: Sequence, batch_size: int = 4096) -> dict:
     """Metrics on the validation sets: per platform, then the mean of top1/top5/pairwise/spearman."""
     results = [M.evaluate(model.predict_features(fs, batch_size), fs) for fs in sets]
@@ -208,7 +227,9 @@ def job_fingerprint(model, train_fs, train_params: dict, trainable=None, extra_l
         frozen = [n for n, p in net.named_parameters() if not trainable(n, p)]
     desc = {
         "kind": model.kind, "config": model.config,
-        "params": {k: v for k, v in params.items() if k not in ("threads",)},
+        # (min_steps_per_epoch 0, the default, left out: the jobs from before it existed still resume)
+        "params": {k: v for k, v in params.items()
+                   if k != "threads" and not (k == "min_steps_per_epoch" and not v)},
         "data": [(fs.platform, len(fs), list(model.inputs(fs)[0].shape[1:]), float(np.nansum(fs.y)))
                  for fs in as_list(train_fs)],
         "init": _weights_sha1(model), "frozen": frozen, "extra_losses": sorted(extra_losses or {}),
@@ -314,7 +335,8 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
     if not params:
         raise ValueError("the parameter filter froze every parameter: nothing to train")
     opt = torch.optim.Adam(params, lr=float(p["lr"]), weight_decay=float(p["weight_decay"]))
-    steps_per_epoch = len(epoch_batches(train_sets, bs, np.random.default_rng(0), by_task=False))
+    min_steps = int(p["min_steps_per_epoch"])
+    steps_per_epoch = len(epoch_plan(train_sets, bs, np.random.default_rng(0), False, min_steps))
 
     # resume state
     start_epoch, step, history = 0, 0, []
@@ -337,7 +359,7 @@ def fit_net(model, train_sets: Sequence, valid_sets: Sequence, train_params: dic
         # everything random in this epoch derives from (seed, epoch): resumable bit for bit
         es = epoch_seed(seed, epoch)
         seed_everything(es)
-        batches = epoch_batches(train_sets, bs, np.random.default_rng(es), by_task=p["loss"] != "mse")
+        batches = epoch_plan(train_sets, bs, np.random.default_rng(es), p["loss"] != "mse", min_steps)
 
         net.train()
         t0, n_seen, skipped = time.perf_counter(), 0, 0

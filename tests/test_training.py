@@ -126,6 +126,30 @@ def test_batches_never_mix_platforms_and_cover_each_row_once():
     assert max(len(np.unique(a.task[idx])) for _, idx in batches) <= 3
 
 
+def test_min_steps_per_epoch_passes_a_small_set_again_each_pass_covering_every_row(tmp_path):
+    from tcl.training import epoch_batches, epoch_plan, lr_at
+
+    fs = make_fs(seed=0, n_tasks=5)                           # 120 programs: 2 batches of 64
+    one = epoch_batches([fs], 64, np.random.default_rng(7), by_task=True)
+    plan = epoch_plan([fs], 64, np.random.default_rng(7), True, min_steps=5)
+    assert len(one) == 2 and len(plan) == 6                   # 3 passes of 2 batches
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(one, plan))  # the first pass is the plain epoch's
+    for p in range(3):
+        assert np.array_equal(np.sort(np.concatenate([i for _, i in plan[2 * p:2 * p + 2]])), np.arange(len(fs)))
+    assert not np.array_equal(plan[0][1], plan[2][1])         # each pass reshuffled
+    assert len(epoch_plan([fs], 64, np.random.default_rng(7), True, min_steps=2)) == 2  # enough already
+
+    # in training: each epoch takes the steps, the lr schedule counts them, and 0 is the plain loop
+    _, h0 = fit("mlp", fs, None, MLP, {**TRAIN, "epochs": 2}, tmp_path / "plain")
+    _, h5 = fit("mlp", fs, None, MLP, {**TRAIN, "epochs": 2, "min_steps_per_epoch": 5}, tmp_path / "steps")
+    _, hz = fit("mlp", fs, None, MLP, {**TRAIN, "epochs": 2, "min_steps_per_epoch": 0}, tmp_path / "zero")
+    assert _strip_timing(hz) == _strip_timing(h0)
+    assert h5[0]["train_loss"] != h0[0]["train_loss"]
+    p = {**TRAIN, "epochs": 2}
+    assert h5[-1]["lr"] == pytest.approx(lr_at(2 * 6 - 1, 6, p))   # the schedule runs over 6 steps an epoch
+    assert h0[-1]["lr"] == pytest.approx(lr_at(2 * 2 - 1, 2, p))
+
+
 def test_non_finite_features_are_refused(tmp_path):
 
     fs = make_fs(seed=0)

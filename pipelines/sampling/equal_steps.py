@@ -13,6 +13,11 @@ patience and warmup scaled by pool / subset (equal optimizer steps).
     python pipelines/sampling/equal_steps.py heldout --platform x86-sse-t1 --out /tmp/h.jsonl
                                     # RDU / random 10% of the whole training split, default and equal
                                     # steps, scored on the test split (the held-out networks), seeds 0-2
+    python pipelines/sampling/equal_steps.py variant --name rdu-no-r \
+        --sample '{"pool_ratio": 1.0, "weights": {"representativeness": 0}}' \
+        --pair pipelines/sampling/equal_steps.jsonl --out /tmp/v.jsonl
+                                    # a sampler setting (over params.yaml `sample:`) on every (platform,
+                                    # fold, seed) of the rows file, equal steps, paired with its rows
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 
 import numpy as np
 
-from cv_settings import task_folds
+from cv_settings import candidate_params, task_folds
 from quick_study import train_and_score
 
 from tcl.config import load_params
@@ -34,22 +39,29 @@ from tcl.sampling.subset import sample_features
 VARIANTS = ("full", "rdu", "rdu-steps", "random", "random-steps")
 
 
-def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str) -> tuple[dict, dict]:
-    """(default training, equal steps): a Mamba on `strategy`'s 10% of `pool`, scored on `test`."""
+def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str,
+                  default: bool = True) -> tuple[dict | None, dict]:
+    """(default training, equal steps): a Mamba on `strategy`'s 10% of `pool`, scored on `test`
+    (`default` False: equal steps only, None in its place)."""
     tp = {**params["train"], **params["pipeline"]["train"]}
     sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
     k = len(pool) / len(sub)
-    return (train_and_score(sub, valid, test, params, seed, threads=1),
+    return (train_and_score(sub, valid, test, params, seed, threads=1) if default else None,
             train_and_score(sub, valid, test, params, seed, threads=1, epochs=int(round(tp["epochs"] * k)),
                             patience=int(round(tp["patience"] * k)),
                             warmup_epochs=int(round(tp["warmup_epochs"] * k))))
 
 
-def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
+def cv_pool(platform: str, fold: int):
+    """(pool, valid, held): the CV protocol's training tasks, validation split and held-out fold."""
     split = f"data/splits/{platform}"
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     held_mask = np.isin(train.task, task_folds(len(train.tasks), 4, 0)[fold])
-    pool, held = train.subset(~held_mask), train.subset(held_mask)
+    return train.subset(~held_mask), valid, train.subset(held_mask)
+
+
+def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
+    pool, valid, held = cv_pool(platform, fold)
     t0 = time.time()
     row = {"platform": platform, "fold": fold, "seed": seed,
            "full": train_and_score(pool, valid, held, params, seed, threads=1)}
@@ -57,6 +69,23 @@ def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
         row[strategy], row[f"{strategy}-steps"] = subset_scores(pool, valid, held, params, seed, strategy)
     row["seconds"] = time.time() - t0
     return row
+
+
+def variant_summary(rows: list[dict], pair: list[dict]) -> str:
+    """Each variant's equal-step per-task top-1, paired with the rows file's on the same runs."""
+    ref = {(r["platform"], r["fold"], r["seed"]): r for r in pair}
+    lines = ["| variant | runs | per-task top-1 | - rdu-steps | - random-steps | above random-steps |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name in dict.fromkeys(r["name"] for r in rows):
+        rs = [r for r in rows if r["name"] == name and (r["platform"], r["fold"], r["seed"]) in ref]
+        v = np.array([r["steps"]["task_top1"] for r in rs])
+        d = {k: v - np.array([ref[(r["platform"], r["fold"], r["seed"])][k]["task_top1"] for r in rs])
+             for k in ("rdu-steps", "random-steps")}
+        se = (lambda a: a.std(ddof=1) / np.sqrt(len(a))) if len(rs) > 1 else (lambda a: 0.0)
+        lines.append(f"| {name} | {len(rs)} | {v.mean():.3f} ± {se(v):.3f} | {d['rdu-steps'].mean():+.3f} ± "
+                     f"{se(d['rdu-steps']):.3f} | {d['random-steps'].mean():+.3f} ± {se(d['random-steps']):.3f} | "
+                     f"{(d['random-steps'] > 0).sum()}/{len(rs)} |")
+    return "\n".join(lines)
 
 
 def summary(rows: list[dict]) -> str:
@@ -76,6 +105,15 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def read_rows(path: str) -> list[dict]:
+    """The JSON lines of `path` ([] when it does not exist yet)."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -92,11 +130,45 @@ def main() -> None:
     held.add_argument("--seeds", default="0,1,2")
     held.add_argument("--params", default="params.yaml")
     held.add_argument("--out", required=True, help="JSON lines, appended")
+    var = sub.add_parser("variant")
+    var.add_argument("--name", required=True)
+    var.add_argument("--sample", default="{}", help="JSON over params.yaml `sample:` (nested dicts merged)")
+    var.add_argument("--strategy", default="rdu")
+    var.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl",
+                     help="the rows whose (platform, fold, seed) runs are repeated and paired")
+    var.add_argument("--platforms", default=None, help="only these (default: every platform of --pair)")
+    var.add_argument("--limit", type=int, default=None, help="at most this many runs of --pair")
+    var.add_argument("--params", default="params.yaml")
+    var.add_argument("--out", required=True, help="JSON lines, appended; a run already there is skipped")
+    vs = sub.add_parser("variant-summary")
+    vs.add_argument("rows")
+    vs.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl")
     a = ap.parse_args()
+    if a.command == "variant-summary":
+        print(variant_summary(read_rows(a.rows), read_rows(a.pair)))
+        return
     if a.command == "summary":
-        print(summary([json.loads(line) for line in open(a.rows) if line.strip()]))
+        print(summary(read_rows(a.rows)))
         return
     params = load_params(a.params)
+    if a.command == "variant":
+        vparams = candidate_params(params, json.loads(a.sample))
+        done = {(r["name"], r["platform"], r["fold"], r["seed"]) for r in read_rows(a.out)}
+        wanted = a.platforms.split(",") if a.platforms else None
+        for r in read_rows(a.pair)[:a.limit]:
+            key = (a.name, r["platform"], r["fold"], r["seed"])
+            if key in done or (wanted and r["platform"] not in wanted):
+                continue
+            pool, valid, held = cv_pool(r["platform"], r["fold"])
+            t0 = time.time()
+            _, steps = subset_scores(pool, valid, held, vparams, r["seed"], a.strategy, default=False)
+            row = {"name": a.name, "platform": r["platform"], "fold": r["fold"], "seed": r["seed"],
+                   "strategy": a.strategy, "sample": json.loads(a.sample), "steps": steps,
+                   "seconds": time.time() - t0}
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        return
     if a.command == "heldout":
         split = f"data/splits/{a.platform}"
         train, valid, test = (load_feature_set(f"{split}/{n}.npz") for n in ("train", "valid", "test"))
