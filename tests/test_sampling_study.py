@@ -115,3 +115,36 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
     assert set(summary["platforms"]) == {"a", "b"}
     text = md.read_text()
     assert "a (40 programs, 4 tasks), b (40 programs, 4 tasks)" in text and "+0.100 ± 0.000" in text
+
+
+EQUAL_STEPS_SCRIPT = ROOT / "pipelines" / "sampling" / "equal_steps.py"
+
+
+def test_equal_steps_variant_summary_pairs_by_run_and_training(tmp_path):
+    """A variant's per-task top-1 minus rdu's / random's of the same (platform, fold, seed) and
+    training, from a `run` rows file and from the variant file's own rdu / random rows (`self`)."""
+    def scores(v):
+        return {"task_top1": v, "top1": v, "top5": 0.9, "task_top5": 0.9}
+
+    pair = [{"platform": "a", "fold": f, "seed": 0, "full": scores(0.9),
+             "rdu": scores(0.5), "rdu-steps": scores(0.6), "random": scores(0.4 + 0.1 * f),
+             "random-steps": scores(0.7)} for f in (0, 1)]
+    variants = [{"name": "v", "platform": "a", "fold": f, "seed": 0, "default": scores(0.6), "steps": scores(0.65)}
+                for f in (0, 1)]
+    variants.append({"name": "v", "platform": "gone", "fold": 0, "seed": 0, "steps": scores(0.0)})  # no pair row
+    (tmp_path / "pair.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair))
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(r) + "\n" for r in variants))
+    run = [sys.executable, str(EQUAL_STEPS_SCRIPT), "variant-summary", str(tmp_path / "v.jsonl")]
+    text = subprocess.run(run + ["--pair", str(tmp_path / "pair.jsonl")], check=True, cwd=ROOT,
+                          capture_output=True, text=True).stdout
+    # default: 0.6 - rdu 0.5 = +0.1; - random (0.4, 0.5): +0.2, +0.1 (se 0.05), both runs above
+    assert "| v | default | 2 | 0.600 ± 0.000 | +0.100 ± 0.000 | +0.150 ± 0.050 | 2/2 |" in text
+    # steps: against rdu-steps 0.6 and random-steps 0.7; the unpaired platform is left out
+    assert "| v | steps | 2 | 0.650 ± 0.000 | +0.050 ± 0.000 | -0.050 ± 0.000 | 0/2 |" in text
+
+    own = [{"name": n, "platform": "a", "fold": 0, "seed": s, "default": scores(v)}
+           for n, v in (("rdu", 0.5), ("random", 0.3), ("v", 0.6)) for s in (2, 3)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in own))
+    text = subprocess.run([sys.executable, str(EQUAL_STEPS_SCRIPT), "variant-summary", str(tmp_path / "c.jsonl"),
+                           "--pair", "self"], check=True, cwd=ROOT, capture_output=True, text=True).stdout
+    assert "| v | default | 2 | 0.600 ± 0.000 | +0.100 ± 0.000 | +0.300 ± 0.000 | 2/2 |" in text

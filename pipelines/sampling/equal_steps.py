@@ -18,6 +18,11 @@ patience and warmup scaled by pool / subset (equal optimizer steps).
         --pair pipelines/sampling/equal_steps.jsonl --out /tmp/v.jsonl
                                     # a sampler setting (over params.yaml `sample:`) on every (platform,
                                     # fold, seed) of the rows file, equal steps, paired with its rows
+    python pipelines/sampling/equal_steps.py variant-summary /tmp/v.jsonl
+    python pipelines/sampling/equal_steps.py variant --name random --strategy random --seeds 2,3 \
+        --trainings default --out /tmp/c.jsonl      # fresh seeds on the rows file's (platform, fold)s;
+    python pipelines/sampling/equal_steps.py variant-summary /tmp/c.jsonl --pair self
+                                    # ... paired with the file's own variants named rdu and random
 """
 
 from __future__ import annotations
@@ -40,16 +45,16 @@ VARIANTS = ("full", "rdu", "rdu-steps", "random", "random-steps")
 
 
 def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str,
-                  default: bool = True) -> tuple[dict | None, dict]:
-    """(default training, equal steps): a Mamba on `strategy`'s 10% of `pool`, scored on `test`
-    (`default` False: equal steps only, None in its place)."""
+                  trainings: tuple[str, ...] = ("default", "steps")) -> dict[str, dict]:
+    """{training: scores}: a Mamba on `strategy`'s 10% of `pool` scored on `test`, trained with the
+    main job's epochs (default) and with epochs, patience and warmup x pool / subset (steps)."""
     tp = {**params["train"], **params["pipeline"]["train"]}
     sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
     k = len(pool) / len(sub)
-    return (train_and_score(sub, valid, test, params, seed, threads=1) if default else None,
-            train_and_score(sub, valid, test, params, seed, threads=1, epochs=int(round(tp["epochs"] * k)),
-                            patience=int(round(tp["patience"] * k)),
-                            warmup_epochs=int(round(tp["warmup_epochs"] * k))))
+    scaled = {"epochs": int(round(tp["epochs"] * k)), "patience": int(round(tp["patience"] * k)),
+              "warmup_epochs": int(round(tp["warmup_epochs"] * k))}
+    return {t: train_and_score(sub, valid, test, params, seed, threads=1, **(scaled if t == "steps" else {}))
+            for t in trainings}
 
 
 def cv_pool(platform: str, fold: int):
@@ -66,25 +71,45 @@ def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
     row = {"platform": platform, "fold": fold, "seed": seed,
            "full": train_and_score(pool, valid, held, params, seed, threads=1)}
     for strategy in ("rdu", "random"):
-        row[strategy], row[f"{strategy}-steps"] = subset_scores(pool, valid, held, params, seed, strategy)
+        scores = subset_scores(pool, valid, held, params, seed, strategy)
+        row[strategy], row[f"{strategy}-steps"] = scores["default"], scores["steps"]
     row["seconds"] = time.time() - t0
     return row
 
 
+def references_of(rows: list[dict]) -> list[dict]:
+    """Rows named `rdu` / `random` of a variant file as pair rows (what `run` writes): the
+    references for variants run on seeds `run` did not cover (`variant --seeds`)."""
+    ref: dict = {}
+    for r in rows:
+        if r["name"] in ("rdu", "random"):
+            row = ref.setdefault((r["platform"], r["fold"], r["seed"]),
+                                 {"platform": r["platform"], "fold": r["fold"], "seed": r["seed"]})
+            for training, suffix in (("default", ""), ("steps", "-steps")):
+                if training in r:
+                    row[r["name"] + suffix] = r[training]
+    return list(ref.values())
+
+
 def variant_summary(rows: list[dict], pair: list[dict]) -> str:
-    """Each variant's equal-step per-task top-1, paired with the rows file's on the same runs."""
+    """Each variant's per-task top-1 per training, paired with the rows file's on the same runs
+    (default training with its `rdu` / `random`, equal steps with its `rdu-steps` / `random-steps`)."""
     ref = {(r["platform"], r["fold"], r["seed"]): r for r in pair}
-    lines = ["| variant | runs | per-task top-1 | - rdu-steps | - random-steps | above random-steps |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | training | runs | per-task top-1 | - rdu | - random | above random |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for name in dict.fromkeys(r["name"] for r in rows):
-        rs = [r for r in rows if r["name"] == name and (r["platform"], r["fold"], r["seed"]) in ref]
-        v = np.array([r["steps"]["task_top1"] for r in rs])
-        d = {k: v - np.array([ref[(r["platform"], r["fold"], r["seed"])][k]["task_top1"] for r in rs])
-             for k in ("rdu-steps", "random-steps")}
-        se = (lambda a: a.std(ddof=1) / np.sqrt(len(a))) if len(rs) > 1 else (lambda a: 0.0)
-        lines.append(f"| {name} | {len(rs)} | {v.mean():.3f} ± {se(v):.3f} | {d['rdu-steps'].mean():+.3f} ± "
-                     f"{se(d['rdu-steps']):.3f} | {d['random-steps'].mean():+.3f} ± {se(d['random-steps']):.3f} | "
-                     f"{(d['random-steps'] > 0).sum()}/{len(rs)} |")
+        for training, suffix in (("default", ""), ("steps", "-steps")):
+            rs = [r for r in rows if r["name"] == name and training in r
+                  and all(k + suffix in ref.get((r["platform"], r["fold"], r["seed"]), {}) for k in ("rdu", "random"))]
+            if not rs:
+                continue
+            v = np.array([r[training]["task_top1"] for r in rs])
+            d = {k: v - np.array([ref[(r["platform"], r["fold"], r["seed"])][k + suffix]["task_top1"] for r in rs])
+                 for k in ("rdu", "random")}
+            se = (lambda a: a.std(ddof=1) / np.sqrt(len(a))) if len(rs) > 1 else (lambda a: 0.0)
+            lines.append(f"| {name} | {training} | {len(rs)} | {v.mean():.3f} ± {se(v):.3f} | {d['rdu'].mean():+.3f} ± "
+                         f"{se(d['rdu']):.3f} | {d['random'].mean():+.3f} ± {se(d['random']):.3f} | "
+                         f"{(d['random'] > 0).sum()}/{len(rs)} |")
     return "\n".join(lines)
 
 
@@ -128,6 +153,8 @@ def main() -> None:
     held = sub.add_parser("heldout")
     held.add_argument("--platform", required=True)
     held.add_argument("--seeds", default="0,1,2")
+    held.add_argument("--strategies", default="rdu,random")
+    held.add_argument("--sample", default="{}", help="JSON over params.yaml `sample:` (nested dicts merged)")
     held.add_argument("--params", default="params.yaml")
     held.add_argument("--out", required=True, help="JSON lines, appended")
     var = sub.add_parser("variant")
@@ -137,15 +164,19 @@ def main() -> None:
     var.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl",
                      help="the rows whose (platform, fold, seed) runs are repeated and paired")
     var.add_argument("--platforms", default=None, help="only these (default: every platform of --pair)")
+    var.add_argument("--trainings", default="steps", help="default and/or steps (comma-separated)")
+    var.add_argument("--seeds", default=None, help="these seeds on --pair's (platform, fold) runs instead of its own")
     var.add_argument("--limit", type=int, default=None, help="at most this many runs of --pair")
     var.add_argument("--params", default="params.yaml")
     var.add_argument("--out", required=True, help="JSON lines, appended; a run already there is skipped")
     vs = sub.add_parser("variant-summary")
     vs.add_argument("rows")
-    vs.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl")
+    vs.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl",
+                    help="the references' rows; 'self': the rows file's own variants named rdu and random")
     a = ap.parse_args()
     if a.command == "variant-summary":
-        print(variant_summary(read_rows(a.rows), read_rows(a.pair)))
+        rows = read_rows(a.rows)
+        print(variant_summary(rows, references_of(rows) if a.pair == "self" else read_rows(a.pair)))
         return
     if a.command == "summary":
         print(summary(read_rows(a.rows)))
@@ -153,17 +184,23 @@ def main() -> None:
     params = load_params(a.params)
     if a.command == "variant":
         vparams = candidate_params(params, json.loads(a.sample))
-        done = {(r["name"], r["platform"], r["fold"], r["seed"]) for r in read_rows(a.out)}
+        trainings = tuple(a.trainings.split(","))
+        done = {(r["name"], r["platform"], r["fold"], r["seed"]) for r in read_rows(a.out)
+                if all(t in r for t in trainings)}
         wanted = a.platforms.split(",") if a.platforms else None
-        for r in read_rows(a.pair)[:a.limit]:
+        runs = read_rows(a.pair)
+        if a.seeds is not None:
+            runs = [{"platform": p, "fold": f, "seed": int(seed)} for p, f in
+                    dict.fromkeys((r["platform"], r["fold"]) for r in runs) for seed in a.seeds.split(",")]
+        for r in runs[:a.limit]:
             key = (a.name, r["platform"], r["fold"], r["seed"])
             if key in done or (wanted and r["platform"] not in wanted):
                 continue
             pool, valid, held = cv_pool(r["platform"], r["fold"])
             t0 = time.time()
-            _, steps = subset_scores(pool, valid, held, vparams, r["seed"], a.strategy, default=False)
             row = {"name": a.name, "platform": r["platform"], "fold": r["fold"], "seed": r["seed"],
-                   "strategy": a.strategy, "sample": json.loads(a.sample), "steps": steps,
+                   "strategy": a.strategy, "sample": json.loads(a.sample),
+                   **subset_scores(pool, valid, held, vparams, r["seed"], a.strategy, trainings),
                    "seconds": time.time() - t0}
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -172,10 +209,12 @@ def main() -> None:
     if a.command == "heldout":
         split = f"data/splits/{a.platform}"
         train, valid, test = (load_feature_set(f"{split}/{n}.npz") for n in ("train", "valid", "test"))
+        hparams = candidate_params(params, json.loads(a.sample))
         for seed in (int(s) for s in a.seeds.split(",")):
-            for strategy in ("rdu", "random"):
-                default, steps = subset_scores(train, valid, test, params, seed, strategy)
-                row = {"platform": a.platform, "seed": seed, "strategy": strategy, "default": default, "steps": steps}
+            for strategy in a.strategies.split(","):
+                row = {"platform": a.platform, "seed": seed, "strategy": strategy,
+                       **subset_scores(train, valid, test, hparams, seed, strategy),
+                       **({"sample": json.loads(a.sample)} if json.loads(a.sample) else {})}
                 with open(a.out, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), file=sys.stderr, flush=True)
