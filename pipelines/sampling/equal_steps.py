@@ -28,6 +28,7 @@ patience and warmup scaled by pool / subset (equal optimizer steps).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -57,10 +58,15 @@ def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str,
             for t in trainings}
 
 
+@functools.lru_cache(maxsize=None)
+def split_of(platform: str, part: str):
+    """data/splits/<platform>/<part>.npz, read once per process (every run of a platform reads it)."""
+    return load_feature_set(f"data/splits/{platform}/{part}.npz")
+
+
 def cv_pool(platform: str, fold: int):
     """(pool, valid, held): the CV protocol's training tasks, validation split and held-out fold."""
-    split = f"data/splits/{platform}"
-    train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
+    train, valid = split_of(platform, "train"), split_of(platform, "valid")
     held_mask = np.isin(train.task, task_folds(len(train.tasks), 4, 0)[fold])
     return train.subset(~held_mask), valid, train.subset(held_mask)
 
@@ -75,6 +81,18 @@ def run_one(platform: str, fold: int, seed: int, params: dict) -> dict:
         row[strategy], row[f"{strategy}-steps"] = scores["default"], scores["steps"]
     row["seconds"] = time.time() - t0
     return row
+
+
+def se(values: np.ndarray) -> float:
+    """Standard error of the mean (0 for a single value)."""
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+def append_row(path: str, row: dict) -> None:
+    """One JSON line appended to `path` (a run survives an interrupted study) and echoed to stderr."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), file=sys.stderr, flush=True)
 
 
 def references_of(rows: list[dict]) -> list[dict]:
@@ -106,7 +124,6 @@ def variant_summary(rows: list[dict], pair: list[dict]) -> str:
             v = np.array([r[training]["task_top1"] for r in rs])
             d = {k: v - np.array([ref[(r["platform"], r["fold"], r["seed"])][k + suffix]["task_top1"] for r in rs])
                  for k in ("rdu", "random")}
-            se = (lambda a: a.std(ddof=1) / np.sqrt(len(a))) if len(rs) > 1 else (lambda a: 0.0)
             lines.append(f"| {name} | {training} | {len(rs)} | {v.mean():.3f} ± {se(v):.3f} | {d['rdu'].mean():+.3f} ± "
                          f"{se(d['rdu']):.3f} | {d['random'].mean():+.3f} ± {se(d['random']):.3f} | "
                          f"{(d['random'] > 0).sum()}/{len(rs)} |")
@@ -114,9 +131,6 @@ def variant_summary(rows: list[dict], pair: list[dict]) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    def se(v):
-        return v.std(ddof=1) / np.sqrt(len(v))
-
     lines = [f"{len(rows)} paired runs; platforms {', '.join(sorted({r['platform'] for r in rows}))}",
              "| variant | per-task top-1 | network top-1 |", "|---|---:|---:|"]
     for k in VARIANTS:
@@ -182,8 +196,9 @@ def main() -> None:
         print(summary(read_rows(a.rows)))
         return
     params = load_params(a.params)
+    sample = json.loads(getattr(a, "sample", "{}"))  # variant / heldout: over params.yaml `sample:`
     if a.command == "variant":
-        vparams = candidate_params(params, json.loads(a.sample))
+        vparams = candidate_params(params, sample)
         trainings = tuple(a.trainings.split(","))
         done = {(r["name"], r["platform"], r["fold"], r["seed"]) for r in read_rows(a.out)
                 if all(t in r for t in trainings)}
@@ -199,33 +214,25 @@ def main() -> None:
             pool, valid, held = cv_pool(r["platform"], r["fold"])
             t0 = time.time()
             row = {"name": a.name, "platform": r["platform"], "fold": r["fold"], "seed": r["seed"],
-                   "strategy": a.strategy, "sample": json.loads(a.sample),
+                   "strategy": a.strategy, "sample": sample,
                    **subset_scores(pool, valid, held, vparams, r["seed"], a.strategy, trainings),
                    "seconds": time.time() - t0}
-            with open(a.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            append_row(a.out, row)
         return
     if a.command == "heldout":
-        split = f"data/splits/{a.platform}"
-        train, valid, test = (load_feature_set(f"{split}/{n}.npz") for n in ("train", "valid", "test"))
-        hparams = candidate_params(params, json.loads(a.sample))
+        train, valid, test = (split_of(a.platform, n) for n in ("train", "valid", "test"))
+        hparams = candidate_params(params, sample)
         for seed in (int(s) for s in a.seeds.split(",")):
             for strategy in a.strategies.split(","):
                 row = {"platform": a.platform, "seed": seed, "strategy": strategy,
                        **subset_scores(train, valid, test, hparams, seed, strategy),
-                       **({"sample": json.loads(a.sample)} if json.loads(a.sample) else {})}
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                       **({"sample": sample} if sample else {})}
+                append_row(a.out, row)
         return
     for platform in a.platforms.split(","):
         for fold in (int(f) for f in a.folds.split(",")):
             for seed in (int(s) for s in a.seeds.split(",")):
-                row = run_one(platform, fold, seed, params)
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), file=sys.stderr, flush=True)
+                append_row(a.out, run_one(platform, fold, seed, params))
 
 
 if __name__ == "__main__":
