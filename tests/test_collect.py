@@ -69,6 +69,28 @@ def test_collect_rejects_unknown_names(tmp_path):
     assert proc.returncode == 2 and "unknown workload 'nope'" in proc.stderr
 
 
+def test_an_operator_named_by_its_shape_is_a_workload():
+    from tcl.collect.networks import network_tasks
+    from tcl.collect.workloads import SHAPE_DIMS, build_workload, parse_shape_name, resolve_workload
+
+    for name, task in network_tasks().items():  # a task's name spells its operator
+        assert parse_shape_name(name) == task.op
+    unseen = {"dense": "dense_48_80_16", "batch_matmul": "batch_matmul_2_16_24_8",
+              "conv2d": "conv2d_9_8_16_3_2", "depthwise_conv2d": "depthwise_conv2d_10_8_5_1",
+              "softmax": "softmax_3_40", "layer_norm": "layer_norm_5_24"}
+    assert set(unseen) == set(SHAPE_DIMS)
+    for kind, name in unseen.items():
+        op = resolve_workload(name)
+        assert name not in network_tasks() and op.kind == kind and op.key == name
+        assert list(build_workload(op).functions)  # a TIR module MetaSchedule can tune
+    for bad, why in [("dense_48_80", "dense takes 3 positive integer dimensions, dense_M_K_N"),
+                     ("conv2d_9_8_16_3_0", "conv2d_H_CIN_COUT_K_STRIDE"),
+                     ("softmax_3_x", "softmax_ROWS_COLS"), ("gemm_4_4_4", "unknown workload")]:
+        with pytest.raises(KeyError, match=why):
+            resolve_workload(bad)
+    assert parse_shape_name("gemm_4_4_4") is None
+
+
 def test_collect_through_an_rpc_tracker_and_server(tmp_path):
     with rpc_tracker_and_server("tcl-test") as port:
         db = tmp_path / "rpc-db"
@@ -98,6 +120,7 @@ def test_collect_fails_fast_without_an_rpc_server(tmp_path):
 def test_collect_lists_the_task_names_its_hint_points_to(tmp_path):
     lines = run_tcl("collect", "--list-tasks").stdout.splitlines()  # no --platform/--out needed
     assert "dense_64" in lines[0] and any(line.startswith("dense_128_768_768 ") for line in lines)
+    assert lines[1].startswith("any operator by its shape: ") and "dense_M_K_N" in lines[1]
     assert lines[-1].startswith("networks (--network): ") and "bert_base" in lines[-1]
     proc = run_tcl("collect", "--platform", "x86-sse-t1", "--out", tmp_path / "db", "--workload", "nope",
                    "--trials", "1", check=False)

@@ -161,9 +161,10 @@ def _list_tasks(ctx, _param, value) -> None:
     if not value or ctx.resilient_parsing:
         return
     from ..collect.networks import NETWORKS, network_tasks
-    from ..collect.workloads import SMALL_WORKLOADS
+    from ..collect.workloads import SHAPE_FORMS, SMALL_WORKLOADS
 
     click.echo("small workloads: " + ", ".join(SMALL_WORKLOADS))
+    click.echo(f"any operator by its shape: {SHAPE_FORMS}")
     for name, task in network_tasks().items():
         nets = ", ".join(f"{n} x{c}" for n, c in sorted(task.weights.items()))
         click.echo(f"{name}  ({nets})")
@@ -174,7 +175,9 @@ def _list_tasks(ctx, _param, value) -> None:
 @click.command()
 @click.option("--platform", "platform_name", required=True, help="Platform from `tcl hardware list`.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
-@click.option("--workload", multiple=True, help="Workload/task name (repeatable).")
+@click.option("--workload", multiple=True,
+              help="Workload/task name, or an operator by its shape, e.g. dense_512_1024_256 "
+                   "(`--list-tasks` gives the forms; repeatable).")
 @click.option("--network", multiple=True, help="All tasks of a network (repeatable).")
 @click.option("--trials", type=int, default=None, help="Distinct programs per task (required without --sample).")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -51,7 +51,8 @@ def _tasks(workload, workload_db, task_index, network):
 
 @click.command()
 @click.option("--platform", "platform_name", required=True, help="Platform from `tcl hardware list`.")
-@click.option("--workload", default=None, help="One workload/task name (`tcl collect --workload`'s names).")
+@click.option("--workload", default=None, help="One workload/task name, or an operator by its shape (dense_512_1024_256; "
+                   "`tcl collect --list-tasks` gives the names and forms).")
 @click.option("--workload-db", default=None, type=click.Path(exists=True),
               help="Every workload of a MetaSchedule database (its folder or database_workload.json).")
 @click.option("--task-index", type=int, default=None, help="Only workload I (0-based) of --workload-db.")

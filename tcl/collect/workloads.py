@@ -78,13 +78,44 @@ SMALL_WORKLOADS = {
 }
 
 
+# The dimensions of each operator kind, in `Op.shape` (and so task-name) order: `KIND_D1_..._DN`
+# names an operator of any shape, e.g. dense_512_1024_256 (build_workload reads them in this order)
+SHAPE_DIMS = {
+    "conv2d": ("H", "CIN", "COUT", "K", "STRIDE"),   # NHWC 1xHxHxCIN, KxK kernel, 'same' padding
+    "depthwise_conv2d": ("H", "C", "K", "STRIDE"),
+    "dense": ("M", "K", "N"),                         # (M, K) x (N, K)^T
+    "batch_matmul": ("B", "M", "K", "N"),             # (B, M, K) x (B, N, K)^T
+    "softmax": ("ROWS", "COLS"),
+    "layer_norm": ("ROWS", "COLS"),
+}
+SHAPE_FORMS = ", ".join(f"{kind}_{'_'.join(dims)}" for kind, dims in SHAPE_DIMS.items())
+
+
+def parse_shape_name(name: str) -> Op | None:
+    """The Op a `KIND_D1_..._DN` name spells (None when it starts with no known kind); KeyError
+    saying what is wrong when the dimensions are not the kind's count of positive integers."""
+    kind = max((k for k in SHAPE_DIMS if name.startswith(k + "_")), key=len, default=None)
+    if kind is None:
+        return None
+    dims, parts = SHAPE_DIMS[kind], name[len(kind) + 1:].split("_")
+    form = f"{kind}_{'_'.join(dims)}"
+    if len(parts) != len(dims) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise KeyError(f"workload {name!r}: {kind} takes {len(dims)} positive integer dimensions, "
+                       f"{form} (got {'_'.join(parts)!r})")
+    return Op(kind, tuple(int(p) for p in parts))
+
+
 def resolve_workload(name: str) -> Op:
+    """A small workload's, a network task's, or a `KIND_D1_..._DN` name's operator."""
     if name in SMALL_WORKLOADS:
         return SMALL_WORKLOADS[name]
     tasks = network_tasks()
     if name in tasks:
         return tasks[name].op
+    op = parse_shape_name(name)
+    if op is not None:
+        return op
     raise KeyError(
-        f"unknown workload {name!r}; use one of {', '.join(SMALL_WORKLOADS)} or a network task name "
-        "(`tcl collect --list-tasks` prints them)"
+        f"unknown workload {name!r}; use one of {', '.join(SMALL_WORKLOADS)}, a network task name "
+        f"(`tcl collect --list-tasks` prints them) or an operator by its shape: {SHAPE_FORMS}"
     )
