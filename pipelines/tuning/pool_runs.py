@@ -1,0 +1,95 @@
+"""The tuning study's runs of several occasions pooled: per task, every run of every cost model
+(seeds x occasions) read back from its tuning database, the geometric-mean best-latency curve over
+all of them, and TCL's trial speedup at equal latency and latency ratio at equal trials against
+each baseline from those pooled curves (tcl.bench.tune.ratios, the study's definitions; seconds
+are not in the databases, so only trials are compared).
+
+Each ROOT is a study's `pipelines/tuning/runs` (one folder per task, `<model>-seed<s>` inside:
+the databases `tcl tune` writes, records in measurement order). An earlier occasion's runs come
+back with its commit's dvc.lock: `git worktree add /tmp/old <commit> && cd /tmp/old && dvc
+checkout pipelines/tuning/dvc.yaml` (from this checkout's DVC cache).
+
+    python pipelines/tuning/pool_runs.py pipelines/tuning/runs /tmp/old/pipelines/tuning/runs \
+        --every 16 --markdown /tmp/pooled.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from tcl.bench.tune import TCL_VARIANTS, mean_curve, ratios
+from tcl.io import atomic_write_text
+from tcl.records import FAILED_LATENCY
+
+
+def run_curve(db: Path, every: int) -> dict:
+    """Best mean latency after every `every` trials of one run (inf: nothing valid yet)."""
+    best, curve_trials, curve_best = math.inf, [], []
+    lines = (db / "database_tuning_record.json").read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        secs = [float(s) for s in json.loads(line)[1][1] or []]
+        if secs and max(secs) < FAILED_LATENCY:
+            best = min(best, sum(secs) / len(secs))
+        if n % every == 0 or n == len(lines):
+            curve_trials.append(n)
+            curve_best.append(best)
+    return {"trials": curve_trials, "best": curve_best, "seconds": curve_trials}
+
+
+def pooled(roots: list[Path], every: int) -> dict:
+    """{task: {model: [run curves]}} over every root."""
+    out: dict = {}
+    for root in roots:
+        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            for run_dir in sorted(p for p in task_dir.iterdir() if (p / "database_tuning_record.json").exists()):
+                model = run_dir.name.rsplit("-seed", 1)[0]
+                out.setdefault(task_dir.name, {}).setdefault(model, []).append(run_curve(run_dir, every))
+    return out
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def table(runs: dict) -> str:
+    lines = ["| task | TCL | baseline | runs | final latency TCL / baseline (µs) | speedup (trials) "
+             "| latency ratio |", "|---|---|---|---|---|---|---|"]
+    overall: dict = {}
+    for task, models in sorted(runs.items()):
+        curves = {m: mean_curve(c) for m, c in models.items()}
+        for variant in (v for v in TCL_VARIANTS if v in curves):
+            for base, r in ratios(curves, variant).items():
+                speed = r["speedup_trials"]
+                overall.setdefault((variant, base), []).append((speed, r["latency_ratio_at_equal_trials"]))
+                lines.append(f"| {task} | {variant} | {base} | {len(models[variant])} / {len(models[base])} | "
+                             f"{1e6 * curves[variant][1][-1]:.1f} / {1e6 * curves[base][1][-1]:.1f} | "
+                             f"{'not reached' if speed is None else f'{speed:.2f}x'} | "
+                             f"{r['latency_ratio_at_equal_trials']:.3f} |")
+    lines += ["", "| TCL | baseline | tasks | reached | speedup (trials, geometric mean where reached) "
+              "| latency ratio |", "|---|---|---|---|---|---|"]
+    for (variant, base), rows in sorted(overall.items()):
+        speeds = [s for s, _ in rows if s is not None]
+        g = geomean(speeds)
+        lines.append(f"| {variant} | {base} | {len(rows)} | {len(speeds)} | "
+                     f"{'-' if g is None else f'{g:.2f}x'} | {geomean([r for _, r in rows]):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("roots", nargs="+", type=Path, help="study run folders (pipelines/tuning/runs)")
+    ap.add_argument("--every", type=int, default=16, help="trials per curve point (the study's batch)")
+    ap.add_argument("--markdown", type=Path, default=None)
+    args = ap.parse_args()
+    text = table(pooled(args.roots, args.every))
+    print(text, end="")
+    if args.markdown:
+        atomic_write_text(args.markdown, text)
+
+
+if __name__ == "__main__":
+    main()
