@@ -1,0 +1,36 @@
+"""pipelines/tuning/pool_runs.py: runs of several occasions read back from their tuning databases
+(MetaSchedule's record lines, in measurement order) and pooled into one curve per cost model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "pipelines" / "tuning" / "pool_runs.py"
+
+
+def write_run(root: Path, task: str, run: str, latencies: list[float]) -> None:
+    """A tuning database of one run: a record line per trial ([workload, [trace, run_secs, ...]])."""
+    d = root / task / run
+    d.mkdir(parents=True)
+    lines = [json.dumps([0, [[[], []], [s, s], {"kind": "llvm"}, []]]) for s in latencies]
+    (d / "database_tuning_record.json").write_text("\n".join(lines) + "\n")
+
+
+def test_pool_runs_pools_occasions_and_counts_trials_to_the_baseline_latency(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    # tcl reaches 2 ms at its 2nd trial in both occasions; xgb first at its 4th (a failure, 1e10,
+    # never counts); pooled geometric means: tcl 2 ms from trial 2, xgb 2 ms from trial 4
+    write_run(old, "dense", "tcl-seed0", [4e-3, 2e-3, 3e-3, 2e-3])
+    write_run(new, "dense", "tcl-seed0", [4e-3, 2e-3, 2e-3, 2e-3])
+    write_run(old, "dense", "xgb-seed0", [5e-3, 1e10, 3e-3, 2e-3])
+    write_run(new, "dense", "xgb-seed0", [8e-3, 4e-3, 4e-3, 2e-3])
+    out = tmp_path / "pooled.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(old), str(new), "--every", "1", "--markdown", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| dense |")]
+    assert rows == ["| dense | tcl | xgb | 2 / 2 | 2000.0 / 2000.0 | 2.00x | 1.000 |"], proc.stdout
+    assert "| tcl | xgb | 1 | 1 | 2.00x | 1.000 |" in out.read_text()
