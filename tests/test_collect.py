@@ -85,7 +85,7 @@ def test_an_operator_named_by_its_shape_is_a_workload():
         assert list(build_workload(op).functions)  # a TIR module MetaSchedule can tune
     for bad, why in [("dense_48_80", "dense takes 3 positive integer dimensions, dense_M_K_N"),
                      ("conv2d_9_8_16_3_0", "conv2d_H_CIN_COUT_K_STRIDE"),
-                     ("softmax_3_x", "softmax_ROWS_COLS"), ("gemm_4_4_4", "unknown workload")]:
+                     ("softmax_3_x", "softmax_ROWS_COLS"), ("dense_4_4_\u00b2", "dense_M_K_N"), ("gemm_4_4_4", "unknown workload")]:
         with pytest.raises(KeyError, match=why):
             resolve_workload(bad)
     assert parse_shape_name("gemm_4_4_4") is None

@@ -99,7 +99,7 @@ def parse_shape_name(name: str) -> Op | None:
         return None
     dims, parts = SHAPE_DIMS[kind], name[len(kind) + 1:].split("_")
     form = f"{kind}_{'_'.join(dims)}"
-    if len(parts) != len(dims) or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != len(dims) or not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
         raise KeyError(f"workload {name!r}: {kind} takes {len(dims)} positive integer dimensions, "
                        f"{form} (got {'_'.join(parts)!r})")
     return Op(kind, tuple(int(p) for p in parts))
