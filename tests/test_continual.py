@@ -408,13 +408,24 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     # a later transfer starts from the registered KB (no --from) and continues its EWC state
     later = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"], "--target-valid",
              files["x86-sse-t2"], "--splits", tmp_path / "splits", "--params", tmp_path / "params.yaml",
-             "--out", tmp_path / "next", "--json"]
+             "--out", tmp_path / "next", "--seed", "7", "--json"]
     again = CliRunner().invoke(main, [str(a) for a in later])
     assert again.exit_code == 0, again.output
     nxt = json.loads(again.stdout.strip().splitlines()[-1])
+    assert client.get_run(nxt["runs"]["cl"]).data.params["train.seed"] == "7"  # --seed over the params' 0
+    assert client.get_run(out["runs"]["cl"]).data.params["train.seed"] == str(PARAMS["train"]["seed"])
     assert nxt["start"] == "models:/tcl-kb-x86-sse@candidate" and "Fisher" not in again.stderr
     assert nxt["pool_programs"] == 0
     assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
+    assert not any("--target-valid" in w for w in nxt["warnings"])
+
+    # without validation programs it still runs, and says what is judged on what
+    bare = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"], "--splits", tmp_path / "splits",
+            "--params", tmp_path / "params.yaml", "--out", tmp_path / "bare", "--no-track", "--json"]
+    res = CliRunner().invoke(main, [str(a) for a in bare])
+    assert res.exit_code == 0, res.output
+    assert "warning: no --target-valid: the KD guard judges the target on its training programs" in res.stderr
+    assert any("no --target-valid" in w for w in json.loads(res.stdout.strip().splitlines()[-1])["warnings"])
 
 
 def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, one_torch_thread):

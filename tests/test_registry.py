@@ -211,6 +211,21 @@ def test_cli_errors_exit_2_without_traceback(store, kb):
         assert msg in res.output and "Traceback" not in res.output
 
 
+def test_model_uri_of_a_missing_alias_says_how_to_get_one(store, kb, tmp_path):
+    """`tcl evaluate/sample/collect --model models:/tcl-kb-F@production` before any promotion: the
+    error names the versions there are and the promotion, not MLflow's bare 'alias not found'."""
+    import click
+
+    from tcl.cli.models import load_model_ref
+
+    reg(kb, 0.5)  # registered at @candidate only
+    with pytest.raises(click.ClickException, match="no alias 'production'.*tcl promote testfam candidate"):
+        load_model_ref("models:/tcl-kb-testfam@production", tmp_path / "a")
+    with pytest.raises(click.ClickException, match="has no version '3'.*versions: 1"):
+        load_model_ref("models:/tcl-kb-testfam/3", tmp_path / "b")
+    assert load_model_ref("models:/tcl-kb-testfam@candidate", tmp_path / "c").n_features > 0
+
+
 def test_cli_register_promote_list(store, kb, tmp_path):
     from click.testing import CliRunner
 

@@ -41,10 +41,11 @@ def _params(path: str) -> dict:
 @click.option("--register", "do_register", is_flag=True, help="register the new KB (alias candidate)")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="output dir (model.pt, ...)")
 @click.option("--params", "params_path", default="params.yaml", show_default=True)
+@click.option("--seed", type=int, default=None, help="train.seed of every phase and model (default: the params')")
 @click.option("--no-track", is_flag=True, help="no MLflow runs (nor --register)")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as one JSON line")
 def transfer(family, target_data, target_valid, target_test, target_pool, start, sources, splits_dir,
-             do_register, out, params_path, no_track, as_json):
+             do_register, out, params_path, seed, no_track, as_json):
     """Bring a new platform's data into FAMILY's KB: target CL (AC learns, KB teaches), then target
     KD (KB learns from the AC under EWC). Writes the new KB to OUT/model.pt."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -61,6 +62,8 @@ def transfer(family, target_data, target_valid, target_test, target_pool, start,
         raise click.UsageError(f"unknown family {family!r}; known: {', '.join(sorted(families))} (add one with "
                                f"`tcl hardware add-family {family} --vendor V --architecture A --isa I`)")
     params = _params(params_path)
+    if seed is not None:  # one seed of a several-seed comparison, without a params file per seed
+        params = {**params, "train": {**(params.get("train") or {}), "seed": int(seed)}}
     source_list = [s.strip() for s in sources.split(",") if s.strip()] if sources is not None else None
     try:
         with tempfile.TemporaryDirectory(prefix="tcl-transfer-") as tmp:
@@ -84,6 +87,9 @@ def transfer(family, target_data, target_valid, target_test, target_pool, start,
             summary["model_uri"] = f"models:/{registry.model_name(family)}/{version}"
     except (ContinualError, registry.TclRegistryError) as exc:
         raise click.ClickException(str(exc)) from None
+    if target_valid is None:  # the KD guard then keeps any epoch that fits the training programs better
+        summary["warnings"].append("no --target-valid: the KD guard judges the target on its training programs "
+                                   "(in-sample) and nothing held out stops a phase early: the KB can overfit them")
     for note in summary["warnings"]:
         click.echo(f"warning: {note}", err=True)
     if as_json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import click
@@ -53,9 +54,15 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
 
     if "://" not in ref and not ref.startswith(("models:/", "runs:/")):
         return resolve_model_path(ref)  # FileNotFoundError: the caller says which command failed
-    from tcl import tracking
+    from tcl import registry, tracking
 
     tracking.ensure_store()
+    kb_uri = re.match(rf"^models:/{re.escape(registry.PREFIX)}([^/@]+)(?:@([^/]+)|/([^/]+))$", ref.strip())
+    if kb_uri:  # the registry's lookup names the versions there are and how to promote one; MLflow's does not
+        try:
+            registry.show(kb_uri.group(1), kb_uri.group(2) or kb_uri.group(3))
+        except registry.TclRegistryError as exc:
+            raise click.ClickException(f"cannot load model {ref}: {exc}") from None
     import mlflow
 
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=ref, dst_path=str(dst_dir)))

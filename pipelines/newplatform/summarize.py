@@ -1,0 +1,96 @@
+"""The new-platform study's table and plot: every run's `tcl evaluate` JSON under results/, grouped
+by its label, mean ± sd over seeds (sample sd; a zero-shot KB is one run). Run from the repository
+root (the `summary` stage of pipelines/newplatform/dvc.yaml)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tcl.io import atomic_write_json, atomic_write_text  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+METRICS = ("top1", "top5", "task_top1", "task_top5", "pairwise")
+# the table's order: what a user has before measuring, then the 10% runs, then the 100% reference
+ORDER = ("zeroshot-amd-zen4-avx512", "zeroshot-x86-avx2", "zeroshot-x86-sse",
+         "scratch-rdu", "scratch-random", "finetune-rdu", "finetune-random",
+         "transfer-rdu", "transfer-random", "transfer-pool-rdu", "transfer-pool-random", "scratch-full")
+PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%", "zeroshot": "none"}
+
+
+def load_runs(results: Path) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(results.glob("*.json")):
+        r = json.loads(path.read_text())
+        runs.setdefault(r["label"], []).append(r)
+    return runs
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(runs: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for label in sorted(runs, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
+        group = runs[label]
+        row = {"label": label, "runs": len(group), "data": PROGRAMS[label.split("-")[-1]]
+               if label.split("-")[-1] in PROGRAMS else PROGRAMS["zeroshot"]}
+        for m in METRICS:
+            row[m], row[f"{m}_sd"] = mean_sd([float(r[m]) for r in group])
+        for net in sorted(group[0]["per_network"]):
+            row[f"{net}_top1"], row[f"{net}_top1_sd"] = mean_sd([float(r["per_network"][net]["top1"]) for r in group])
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    nets = sorted(k[:-5] for k in rows[0] if k.endswith("_top1") and k not in ("task_top1",)
+                  and not k.endswith("_sd"))
+    head = ["run", "trained on", "seeds", "top-1", "top-5", "task top-1", "task top-5", "pairwise",
+            *[f"{n} top-1" for n in nets]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"], r["data"], str(r["runs"]),
+                 *[f"{r[m]:.3f} ± {r[m + '_sd']:.3f}" for m in METRICS],
+                 *[f"{r[n + '_top1']:.3f} ± {r[n + '_top1_sd']:.3f}" for n in nets]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    labels = [r["label"] for r in rows]
+    for ax, metric, title in ((axes[0], "top1", "network top-1 (mean of bert_base, resnet50)"),
+                              (axes[1], "task_top1", "per-task top-1 (32 held-out tasks)")):
+        ax.bar(range(len(rows)), [r[metric] for r in rows], yerr=[r[metric + "_sd"] for r in rows],
+               capsize=3, color=["#999999" if l.startswith("zeroshot") else "#4477aa" if l.endswith("full")
+                                 else "#cc6677" if l.startswith("transfer") else "#ddcc77" for l in labels])
+        ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("top-1, xeon-avx512-t2 (mean ± sd)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def main() -> None:
+    rows = summarize(load_runs(HERE / "results"))
+    atomic_write_json(HERE / "summary.json", {"runs": rows})
+    atomic_write_text(HERE / "summary.md", table(rows))
+    plot(rows, HERE / "img" / "newplatform.png")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
