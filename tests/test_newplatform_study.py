@@ -1,0 +1,51 @@
+"""pipelines/newplatform/summarize.py: `tcl evaluate` JSONs grouped by label, mean ± sample sd over
+seeds, rows in the table's order (zero-shot, 10% runs, 100%), checked by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "pipelines" / "newplatform" / "summarize.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("newplatform_summarize", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _result(path: Path, label: str, top1: float, bert_top1: float) -> None:
+    path.write_text(json.dumps({
+        "label": label, "top1": top1, "top5": 0.9, "task_top1": top1 / 2, "task_top5": 1.0, "pairwise": 0.7,
+        "per_network": {"bert_base": {"top1": bert_top1, "top5": 1.0}, "resnet50": {"top1": 0.5, "top5": 1.0}}}))
+
+
+def test_runs_grouped_by_label_mean_and_sample_sd(tmp_path):
+    summarize = _module()
+    results = tmp_path / "results"
+    results.mkdir()
+    _result(results / "scratch-full-s0.json", "scratch-full", 0.2, 0.1)
+    _result(results / "scratch-full-s1.json", "scratch-full", 0.4, 0.3)
+    _result(results / "transfer-rdu-s0.json", "transfer-rdu", 0.3, 0.2)
+    _result(results / "zeroshot-x86-sse.json", "zeroshot-x86-sse", 0.5, 0.6)
+
+    rows = summarize.summarize(summarize.load_runs(results))
+    assert [r["label"] for r in rows] == ["zeroshot-x86-sse", "transfer-rdu", "scratch-full"]
+    zeroshot, transfer, full = rows
+    assert (zeroshot["data"], transfer["data"], full["data"]) == ("none", "10% (RDU)", "100%")
+    assert full["runs"] == 2 and full["top1"] == pytest.approx(0.3)
+    assert full["top1_sd"] == pytest.approx(statistics.stdev([0.2, 0.4]))
+    assert full["task_top1"] == pytest.approx(0.15) and full["bert_base_top1"] == pytest.approx(0.2)
+    assert zeroshot["runs"] == 1 and zeroshot["top1_sd"] == 0.0
+
+    table = summarize.table(rows)
+    assert "| scratch-full | 100% | 2 | 0.300 ± 0.141 | 0.900 ± 0.000 | 0.150 ± 0.071 |" in table
+    assert table.splitlines()[0].endswith("| bert_base top-1 | resnet50 top-1 |")
+    summarize.plot(rows, tmp_path / "img" / "newplatform.png")
+    assert (tmp_path / "img" / "newplatform.png").stat().st_size > 0
