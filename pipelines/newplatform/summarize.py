@@ -20,7 +20,7 @@ METRICS = ("top1", "top5", "task_top1", "task_top5", "pairwise")
 # the table's order: what a user has before measuring, then the 10% runs, then the 100% reference
 ORDER = ("zeroshot-amd-zen4-avx512", "zeroshot-x86-avx2", "zeroshot-x86-sse",
          "scratch-rdu", "scratch-random", "finetune-rdu", "finetune-random", "mtl-rdu", "mtl-random",
-         "transfer-rdu", "transfer-random", "transfer-pool-rdu", "transfer-pool-random", "scratch-full")
+         "transfer-rdu", "transfer-random", "transfer-pool-rdu", "transfer-pool-random", "scratch-full", "mlp-tenset-full")
 PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%", "zeroshot": "none"}
 
 
