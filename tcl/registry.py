@@ -35,6 +35,7 @@ from tcl import tracking
 from tcl.io import file_sha256
 
 PREFIX = "tcl-kb-"
+MODEL_URI = re.compile(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$")  # models:/<name>@<alias> or /<version>
 REGISTRY_EXPERIMENT = "tcl-registry"
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION_TAGS = ("family", "platforms", "git_commit", "data_hash", "run_id", "feature_version",
@@ -463,10 +464,19 @@ def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> t
     return path, info
 
 
+def kb_uri_parts(model_uri: str) -> tuple[str, str] | None:
+    """(family, alias or version) of ``models:/tcl-kb-<family>@alias`` or ``/<version>``; None for
+    any other string (a file, another registered model, a runs:/ URI)."""
+    m = MODEL_URI.match(model_uri.strip())
+    if not m or not m.group(1).startswith(PREFIX):
+        return None
+    return m.group(1)[len(PREFIX):], m.group(2) or m.group(3)
+
+
 def _version_file(model_uri: str, dst_dir: str | os.PathLike, pattern: str, missing: str) -> tuple[Path, dict]:
     """The first file matching `pattern` among the downloaded artifacts of a registered version
     (``models:/tcl-kb-<family>@alias`` or ``/<version>``), and the version's info dict."""
-    m = re.match(r"^models:/([^/@]+)(?:@([^/]+)|/([^/]+))$", model_uri.strip())
+    m = MODEL_URI.match(model_uri.strip())
     if not m:
         raise TclRegistryError(f"not a registry model URI: {model_uri!r} "
                                "(expected models:/tcl-kb-<family>@<alias> or /<version>)")

@@ -21,7 +21,8 @@ METRICS = ("top1", "top5", "task_top1", "task_top5", "pairwise")
 ORDER = ("zeroshot-amd-zen4-avx512", "zeroshot-x86-avx2", "zeroshot-x86-sse",
          "scratch-rdu", "scratch-random", "finetune-rdu", "finetune-random", "mtl-rdu", "mtl-random",
          "transfer-rdu", "transfer-random", "transfer-pool-rdu", "transfer-pool-random", "scratch-full", "mlp-tenset-full")
-PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%", "zeroshot": "none"}
+# a label's last word names what it trained on; a zero-shot KB's names its family
+PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%"}
 
 
 def load_runs(results: Path) -> dict[str, list[dict]]:
@@ -40,19 +41,18 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for label in sorted(runs, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
         group = runs[label]
-        row = {"label": label, "runs": len(group), "data": PROGRAMS[label.split("-")[-1]]
-               if label.split("-")[-1] in PROGRAMS else PROGRAMS["zeroshot"]}
+        row = {"label": label, "runs": len(group), "data": PROGRAMS.get(label.rsplit("-", 1)[-1], "none"),
+               "networks": sorted(group[0]["per_network"])}
         for m in METRICS:
             row[m], row[f"{m}_sd"] = mean_sd([float(r[m]) for r in group])
-        for net in sorted(group[0]["per_network"]):
+        for net in row["networks"]:
             row[f"{net}_top1"], row[f"{net}_top1_sd"] = mean_sd([float(r["per_network"][net]["top1"]) for r in group])
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    nets = sorted(k[:-5] for k in rows[0] if k.endswith("_top1") and k not in ("task_top1",)
-                  and not k.endswith("_sd"))
+    nets = rows[0]["networks"]
     head = ["run", "trained on", "seeds", "top-1", "top-5", "task top-1", "task top-5", "pairwise",
             *[f"{n} top-1" for n in nets]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

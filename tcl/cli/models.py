@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import click
@@ -57,10 +56,10 @@ def resolve_model(ref: str, dst_dir: str | os.PathLike) -> Path:
     from tcl import registry, tracking
 
     tracking.ensure_store()
-    kb_uri = re.match(rf"^models:/{re.escape(registry.PREFIX)}([^/@]+)(?:@([^/]+)|/([^/]+))$", ref.strip())
-    if kb_uri:  # the registry's lookup names the versions there are and how to promote one; MLflow's does not
+    kb_version = registry.kb_uri_parts(ref)
+    if kb_version:  # the registry's lookup names the versions there are and how to promote one; MLflow's does not
         try:
-            registry.show(kb_uri.group(1), kb_uri.group(2) or kb_uri.group(3))
+            registry.show(*kb_version)
         except registry.TclRegistryError as exc:
             raise click.ClickException(f"cannot load model {ref}: {exc}") from None
     import mlflow
