@@ -150,6 +150,38 @@ def test_cold_start_then_model_backed_uncertainty(one_torch_thread):
     assert not np.array_equal(cold.indices[:10], backed.indices[:10])
 
 
+def test_a_dropout_free_given_model_serves_mc_dropout_from_the_first_round(one_torch_thread):
+    """The KB presets train without dropout: a given model's Dropout layers run at mc_dropout for
+    the MC samples (and are restored); a cold run's fresh models are left as they are."""
+    from tcl.models import new_model
+    from tcl.training import seed_everything
+
+    fs = make_fs(n_tasks=6, per_task=30, seed=4)
+    seed_everything(0)
+    kb = new_model("mlp", F, {"hidden": 16, "n_layers": 1})            # dropout 0, like a KB
+    backed, _, _ = run(fs, "rdu", 30, rounds=3, model=kb)
+    assert backed.rounds[0]["uncertainty"] == "mc-dropout@0.1"
+    assert backed.rounds[1]["uncertainty"] == "mc-dropout@0.1+committee"
+    assert all(m.p == 0 for m in kb.net.modules() if type(m).__name__ == "Dropout")
+    off, _, _ = run(fs, "rdu", 30, rounds=3, model=kb, mc_dropout=0.0)
+    assert off.rounds[0]["uncertainty"] == "none" and off.rounds[1]["uncertainty"] == "committee"
+    assert not np.array_equal(backed.indices, off.indices)
+    # unchosen labels stay unread with the switched-on dropout too
+    unchosen = np.setdiff1d(np.arange(len(fs)), backed.indices)
+    permuted = fs.subset(np.arange(len(fs)))
+    permuted.latency = permuted.latency.copy()
+    permuted.latency[unchosen] = np.random.default_rng(1).permutation(permuted.latency[unchosen])
+    permuted.y = np.zeros_like(permuted.y)
+    again, _, _ = run(permuted, "rdu", 30, rounds=3, model=kb)
+    assert np.array_equal(backed.indices, again.indices)
+    # a cold run (the main job's sample stages) chooses the same whatever mc_dropout says
+    cold, _, _ = run(fs, "rdu", 30, rounds=3, mc_dropout=0.3)
+    assert np.array_equal(cold.indices, run(fs, "rdu", 30, rounds=3, mc_dropout=0.0)[0].indices)
+    assert [r["uncertainty"] for r in cold.rounds] == ["none", "committee", "committee"]
+    with pytest.raises(ValueError, match="mc_dropout"):
+        settings(mc_dropout=1.0)
+
+
 def test_mc_dropout_uncertainty_is_the_spread_of_dropout_samples(one_torch_thread):
     from tcl.models import new_model
     from tcl.sampling.learner import Learner

@@ -86,8 +86,9 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
                 "task_top5": 0.9, "top1": task_top1, "top5": 0.9, "pairwise": 0.6, "seconds": 2.0}
 
     # platform a is easy (random 0.8), b hard (random 0.2); rdu is +0.1 on a, -0.05 on b
-    scores = {("a", "random"): [0.8, 0.7], ("a", "rdu"): [0.9, 0.8],
-              ("b", "random"): [0.2, 0.3], ("b", "rdu"): [0.15, 0.25]}
+    # rdu2 against rdu (`cv.pairs`): +0.1, 0 on a; 0, +0.1 on b
+    scores = {("a", "random"): [0.8, 0.7], ("a", "rdu"): [0.9, 0.8], ("a", "rdu2"): [1.0, 0.8],
+              ("b", "random"): [0.2, 0.3], ("b", "rdu"): [0.15, 0.25], ("b", "rdu2"): [0.15, 0.35]}
     runs = tmp_path / "cv"
     runs.mkdir()
     for platform in ("a", "b"):
@@ -99,7 +100,8 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
     (runs / "gone.json").write_text(json.dumps({"platform": "gone", "runs": [row("gone", "rdu", 0, 0, 0.0)]}))
     study = tmp_path / "params.yaml"
     study.write_text("cv:\n  platforms: [a, b]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
-                     "  reference: random\n  candidates: {rdu: {}, random: {strategy: random}}\n")
+                     "  reference: random\n  candidates: {rdu: {}, rdu2: {}, random: {strategy: random}}\n"
+                     "  pairs: [[rdu2, rdu]]\n")
     out, md = tmp_path / "cv.json", tmp_path / "cv.md"
     subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
                     "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
@@ -107,14 +109,18 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
     cells = {c["candidate"]: c for c in summary["summary"]}
     assert cells["rdu"]["runs"] == 4 and cells["rdu"]["task_top1"] == pytest.approx((0.9 + 0.8 + 0.15 + 0.25) / 4)
     assert cells["random"]["task_top1"] == pytest.approx(0.5)
-    (diff,) = summary["paired"]
+    diff = next(d for d in summary["paired"] if d["candidate"] == "rdu")
     assert diff["candidate"] == "rdu" and diff["runs"] == 4 and diff["wins"] == 2
     assert diff["mean"] == pytest.approx((0.1 + 0.1 - 0.05 - 0.05) / 4)
-    per = {p: d[0]["mean"] for p, d in summary["paired_per_platform"].items()}
+    per = {p: next(x["mean"] for x in d if x["candidate"] == "rdu") for p, d in summary["paired_per_platform"].items()}
     assert per == {"a": pytest.approx(0.1), "b": pytest.approx(-0.05)}
     assert set(summary["platforms"]) == {"a", "b"}
     text = md.read_text()
     assert "a (40 programs, 4 tasks), b (40 programs, 4 tasks)" in text and "+0.100 ± 0.000" in text
+    (pair,) = summary["pairs"]
+    assert (pair["candidate"], pair["reference"], pair["runs"], pair["wins"]) == ("rdu2", "rdu", 4, 2)
+    assert pair["mean"] == pytest.approx(0.05)
+    assert "| 10% | rdu2 − rdu | 4 | +0.050 |" in text
 
 
 EQUAL_STEPS_SCRIPT = ROOT / "pipelines" / "sampling" / "equal_steps.py"

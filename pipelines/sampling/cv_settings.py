@@ -100,7 +100,7 @@ def paired(rows: list[dict], reference: str, key: str = "task_top1") -> list[dic
 
 
 def markdown(cells: list[dict], diffs: list[dict], per_platform: dict[str, list[dict]], cv: dict,
-             sizes: dict[str, dict]) -> str:
+             sizes: dict[str, dict], pairs: list[dict] = ()) -> str:
     platforms = ", ".join(f"{p} ({n['programs']} programs, {n['tasks']} tasks)" for p, n in sizes.items())
     lines = [f"Cross-validation over the training tasks of {platforms}; {cv['folds']} folds by task, seeds "
              f"{', '.join(map(str, cv['seeds']))}: mean ± sd over platforms × folds × seeds "
@@ -129,6 +129,12 @@ def markdown(cells: list[dict], diffs: list[dict], per_platform: dict[str, list[
                 d = next((d for d in ds if d["candidate"] == name and d["ratio"] == ratio), None)
                 cells_p.append("-" if d is None else f"{d['mean']:+.3f} ± {d['se']:.3f}")
             lines.append(f"| {ratio:.0%} | {name} | " + " | ".join(cells_p) + " |")
+    if pairs:
+        lines += ["", "Other pairs (`cv.pairs`: the first minus the second, same platform, fold and seed), "
+                  "task top-1 difference:", "",
+                  "| ratio | pair | runs | mean difference | ± se | runs above |", "|---:|---|---:|---:|---:|---:|"]
+        lines += [f"| {d['ratio']:.0%} | {d['candidate']} − {d['reference']} | {d['runs']} | {d['mean']:+.3f} "
+                  f"| {d['se']:.3f} | {d['wins']} of {d['runs']} |" for d in pairs]
     return "\n".join(lines) + "\n"
 
 
@@ -190,8 +196,12 @@ def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
     cells, diffs = summarize(rows), paired(rows, reference)
     per_platform = {res["platform"]: paired(res["runs"], reference) for res in results}
     sizes = {res["platform"]: {"programs": res["train_programs"], "tasks": res["train_tasks"]} for res in results}
-    out = {"cv": cv, "platforms": sizes, "summary": cells, "paired": diffs, "paired_per_platform": per_platform}
-    return out, markdown(cells, diffs, per_platform, cv, sizes)
+    # `cv.pairs`: [candidate, other] compared directly (e.g. a setting with and without one change)
+    pairs = [d for first, second in cv.get("pairs") or []
+             for d in paired([r for r in rows if r["candidate"] in (first, second)], second)]
+    out = {"cv": cv, "platforms": sizes, "summary": cells, "paired": diffs, "paired_per_platform": per_platform,
+           "pairs": pairs}
+    return out, markdown(cells, diffs, per_platform, cv, sizes, pairs)
 
 
 def main() -> None:

@@ -167,13 +167,14 @@ class Sampler(abc.ABC):
         t_start, t_reveal = time.perf_counter(), 0.0
         n_known = len(chosen)
         model = model if self.uses_model else None
+        given = model is not None   # the caller's model: its fine-tuned copies stay `given`
         if self.uses_model and n_known:
             model = self.learner.retrain(pool, model, chosen, latency, max(first_round - 1, 0))
         records = []
         budgets = split_budget(budget, self.rounds)
         for r, b in enumerate(budgets, start=int(first_round)):
             rng = np.random.default_rng([self.seed, r])
-            view = self.learner.view(pool, model, chosen, latency, rng) if self.uses_model else None
+            view = self.learner.view(pool, model, chosen, latency, rng, given) if self.uses_model else None
             state = RoundState(pool, r, chosen, latency, rng, view)
             new = np.asarray(self.choose(state, b), np.int64)
             check_choice(new, b, chosen, n, self.name)

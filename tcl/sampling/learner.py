@@ -4,8 +4,13 @@ retraining between rounds: what every model-using strategy reads.
 Uncertainty has two sources, each rank-normalised over the programs asked about and averaged:
 
 * MC dropout: the spread (sd) of ``mc_samples`` scores of the current model with its dropout on
-  (``CostModel.predict(..., dropout=True)``); skipped when the model has no active dropout (two
-  probe passes agree), as the paper's KB (dropout 0) has none.
+  (``CostModel.predict(..., dropout=True)``). A *given* model (``--model``, e.g. the family's KB,
+  and its fine-tuned copies) trained without dropout -- the KB presets have dropout 0 -- runs its
+  dropout layers at ``mc_dropout`` for these samples, so the KB's uncertainty serves from the
+  first round as the issue asks. A cold run's fresh models keep their own dropout (none for the
+  presets): the committee serves them from the second round, and the main job's cold subsets are
+  chosen as they were before the setting existed. Skipped when no dropout is active (two probe
+  passes agree) and none can be switched on.
 * Committee disagreement: the sd over ``committee`` ridge regressors, each fitted on a bootstrap
   resample of the revealed programs (their embedding -> y normalised within each task over the
   revealed programs). Needs labels, so it serves from the second round on.
@@ -16,6 +21,7 @@ uncertainty and RDU chooses by representativeness and diversity alone.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, field
 
@@ -36,6 +42,8 @@ DEFAULTS = {
     "duplicate_radius": 0.05,  # closer than this share of its cluster's median radius to a chosen
                                # program: a near-duplicate, chosen only when nothing else is left
     "mc_samples": 8,          # MC-dropout score samples per program
+    "mc_dropout": 0.1,        # dropout rate of the MC samples of a given model trained without dropout
+                              # (its Dropout layers at p 0 run at this rate while sampling); 0: none
     "committee": 5,           # bootstrap ridge members
     "committee_min": 8,       # revealed programs needed before the committee votes
     "balto_factor": 4,        # BALTO: candidates (most uncertain) per program to choose
@@ -64,6 +72,7 @@ class SampleSettings:
     fit_rows: int = DEFAULTS["fit_rows"]
     duplicate_radius: float = DEFAULTS["duplicate_radius"]
     mc_samples: int = DEFAULTS["mc_samples"]
+    mc_dropout: float = DEFAULTS["mc_dropout"]
     committee: int = DEFAULTS["committee"]
     committee_min: int = DEFAULTS["committee_min"]
     balto_factor: float = DEFAULTS["balto_factor"]
@@ -95,6 +104,8 @@ class SampleSettings:
             raise ValueError(f"sample.stratify must be task or none, got {settings.stratify!r}")
         if not 0 < settings.pool_ratio <= 1:
             raise ValueError(f"sample.pool_ratio must be in (0, 1], got {settings.pool_ratio}")
+        if not 0 <= settings.mc_dropout < 1:
+            raise ValueError(f"sample.mc_dropout must be in [0, 1), got {settings.mc_dropout}")
         return settings
 
     def as_dict(self) -> dict:
@@ -110,8 +121,10 @@ class Learner:
         self._embedding: tuple | None = None  # (model identity, projected embedding), reused while unchanged
         self.retrained = 0
 
-    def view(self, pool, model, chosen: np.ndarray, latency: np.ndarray, rng: np.random.Generator) -> "PoolView":
-        return PoolView(self, pool, model, chosen, latency, rng)
+    def view(self, pool, model, chosen: np.ndarray, latency: np.ndarray, rng: np.random.Generator,
+             given: bool = False) -> "PoolView":
+        """`given`: `model` is the caller's (or a fine-tuned copy of it), not a fresh retrained one."""
+        return PoolView(self, pool, model, chosen, latency, rng, given)
 
     def embedding(self, pool, model) -> np.ndarray:
         key = (id(model), self.retrained)
@@ -158,10 +171,11 @@ class Learner:
 class PoolView:
     """One round's view of the pool through the current model; everything is computed on first use."""
 
-    def __init__(self, learner: Learner, pool, model, chosen, latency, rng):
+    def __init__(self, learner: Learner, pool, model, chosen, latency, rng, given: bool = False):
         self.learner, self.pool, self.model = learner, pool, model
         self.chosen, self.latency, self.rng = chosen, latency, rng
         self.settings = learner.settings
+        self.given = bool(given)
         self.uncertainty_source = "none"
         self._committee = None
 
@@ -178,10 +192,10 @@ class PoolView:
     def uncertainty(self, index: np.ndarray) -> np.ndarray | None:
         """(len(index),) in [0, 1], higher = less certain; None when no source serves yet."""
         parts, names = [], []
-        mc = self._mc_dropout(index)
+        mc, mc_name = self._mc_dropout(index)
         if mc is not None:
             parts.append(rank01(mc))
-            names.append("mc-dropout")
+            names.append(mc_name)
         committee = self._committee_predictions(index)
         if committee is not None:
             parts.append(rank01(committee.std(axis=0)))
@@ -203,17 +217,26 @@ class PoolView:
                                   dropout=dropout) for a in range(0, len(index), batch)]
         return np.concatenate(out) if out else np.zeros(0)
 
-    def _mc_dropout(self, index: np.ndarray) -> np.ndarray | None:
+    def _mc_dropout(self, index: np.ndarray) -> tuple[np.ndarray | None, str]:
+        """(the sd of the MC-dropout scores of programs `index` or None, the source's name)."""
         if self.model is None or self.settings.mc_samples < 2 or len(index) == 0:
-            return None
+            return None, ""
         from tcl.training import seed_everything
 
         seed_everything(int(self.rng.integers(2**31 - 1)))
         probe = np.asarray(index[:64])
-        if np.array_equal(self._predict(probe, True), self._predict(probe, True)):
-            return None  # no active dropout: every sample is the same score
-        samples = np.stack([self._predict(index, True) for _ in range(int(self.settings.mc_samples))])
-        return samples.std(axis=0)
+        if not np.array_equal(self._predict(probe, True), self._predict(probe, True)):
+            return self._mc_samples(index).std(axis=0), "mc-dropout"
+        rate = self.settings.mc_dropout if self.given else 0.0
+        if rate <= 0:
+            return None, ""  # no active dropout: every sample is the same score
+        with _dropout_switched_on(self.model, rate) as switched:
+            if not switched:
+                return None, ""  # a kind without dropout layers (xgb, ...)
+            return self._mc_samples(index).std(axis=0), f"mc-dropout@{rate:g}"
+
+    def _mc_samples(self, index: np.ndarray) -> np.ndarray:
+        return np.stack([self._predict(index, True) for _ in range(int(self.settings.mc_samples))])
 
     def _committee_predictions(self, index: np.ndarray) -> np.ndarray | None:
         """(members, len(index)) predictions of the bootstrap ridge committee, or None."""
@@ -236,3 +259,22 @@ class PoolView:
             self._committee = np.stack(coefs, axis=1)  # (d + 1, members)
         emb = self.embedding[np.asarray(index, np.int64)]
         return (emb @ self._committee[:-1] + self._committee[-1]).T.astype(np.float64)
+
+
+@contextlib.contextmanager
+def _dropout_switched_on(model, rate: float):
+    """The Dropout layers at p 0 of a torch-backed cost model (``model.net``) run at `rate` inside
+    the block (restored after, also on error); yields whether the model has any such layer."""
+    net = getattr(model, "net", None)
+    layers = []
+    if net is not None:
+        import torch.nn as nn
+
+        layers = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.p == 0]
+    try:
+        for m in layers:
+            m.p = float(rate)
+        yield bool(layers)
+    finally:
+        for m in layers:
+            m.p = 0.0
