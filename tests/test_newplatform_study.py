@@ -49,3 +49,23 @@ def test_runs_grouped_by_label_mean_and_sample_sd(tmp_path):
     assert table.splitlines()[0].endswith("| bert_base top-1 | resnet50 top-1 |")
     summarize.plot(rows, tmp_path / "img" / "newplatform.png")
     assert (tmp_path / "img" / "newplatform.png").stat().st_size > 0
+
+
+def test_the_resample_summary_runs_as_a_command_on_its_own_folders(tmp_path):
+    """The `resample-summary` stage's form: its own results folder and outputs, one data column."""
+    import subprocess
+    import sys
+
+    results = tmp_path / "resample-results"
+    results.mkdir()
+    _result(results / "finetune-random-s0.json", "finetune-random", 0.2, 0.1)
+    _result(results / "finetune-random-s1.json", "finetune-random", 0.4, 0.3)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(SCRIPT), "--results", str(results), "--summary", str(out / "s.json"),
+                    "--markdown", str(out / "s.md"), "--plot", str(out / "p.png"), "--trained-on", "10% of the pool"],
+                   check=True, capture_output=True, cwd=SCRIPT.parents[2])
+    (row,) = json.loads((out / "s.json").read_text())["runs"]
+    assert (row["label"], row["data"], row["runs"]) == ("finetune-random", "10% of the pool", 2)
+    assert row["top1"] == pytest.approx(0.3)
+    assert "| finetune-random | 10% of the pool | 2 | 0.300 ± 0.141 |" in (out / "s.md").read_text()
+    assert (out / "p.png").stat().st_size > 0

@@ -11,6 +11,7 @@ from tcl.features import FeatureSet, task_labels
 from tcl.models.base import CostModel
 from tcl.sampling import STRATEGIES, Pool, SampleSettings, SamplingError, make_sampler
 from tcl.sampling import space
+from tcl.sampling.learner import DEFAULTS
 from tcl.sampling.subset import sample_features
 from tests.test_training import F, L, make_fs
 
@@ -266,6 +267,18 @@ def test_cli_sample_json_contract_and_model(tmp_path, one_torch_thread):
     summary = json.loads(res.output.strip().splitlines()[-1])
     assert summary["selected"] == 36 and summary["rounds"] == 1
     assert load_feature_set(out).meta["sample"]["model_ref"] == str(model_path)
+    # --set overrides sample: settings for the run (dotted keys reach nested ones); the subset records them
+    res = runner.invoke(main, ["sample", str(data), "--ratio", "0.2", "--strategy", "rdu", "--model", str(model_path),
+                               "--rounds", "1", "--params", str(params), "--set", "mc_dropout=0",
+                               "--set", "weights.uncertainty=2", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    how = load_feature_set(out).meta["sample"]
+    assert how["settings"]["mc_dropout"] == 0 and how["settings"]["weights"]["uncertainty"] == 2.0
+    assert how["settings"]["weights"]["representativeness"] == DEFAULTS["weights"]["representativeness"]  # kept
+    assert how["rounds_detail"][0]["uncertainty"] == "none"           # no MC dropout for this dropout-free model
+    res = runner.invoke(main, ["sample", str(data), "--set", "pool_ratioo=0.3", "--params", str(params),
+                               "--out", str(out)])
+    assert res.exit_code == 1 and "unknown sample: keys ['pool_ratioo']" in res.output
 
 
 def test_cli_sample_reads_the_file_in_row_slices_and_chooses_as_in_memory(tmp_path, one_torch_thread):

@@ -1,9 +1,11 @@
 """The new-platform study's table and plot: every run's `tcl evaluate` JSON under results/, grouped
 by its label, mean ± sd over seeds (sample sd; a zero-shot KB is one run). Run from the repository
-root (the `summary` stage of pipelines/newplatform/dvc.yaml)."""
+root (the `summary` stage of pipelines/newplatform/dvc.yaml; the `resample-summary` stage names
+its own folders with the options)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
@@ -37,11 +39,13 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(runs: dict[str, list[dict]]) -> list[dict]:
+def summarize(runs: dict[str, list[dict]], trained_on: str | None = None) -> list[dict]:
+    """One row per label; `trained_on` names the data of every row (else read off the label)."""
     rows = []
     for label in sorted(runs, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
         group = runs[label]
-        row = {"label": label, "runs": len(group), "data": PROGRAMS.get(label.rsplit("-", 1)[-1], "none"),
+        data = trained_on or PROGRAMS.get(label.rsplit("-", 1)[-1], "none")
+        row = {"label": label, "runs": len(group), "data": data,
                "networks": sorted(group[0]["per_network"])}
         for m in METRICS:
             row[m], row[f"{m}_sd"] = mean_sd([float(r[m]) for r in group])
@@ -85,10 +89,17 @@ def plot(rows: list[dict], out: Path) -> None:
 
 
 def main() -> None:
-    rows = summarize(load_runs(HERE / "results"))
-    atomic_write_json(HERE / "summary.json", {"runs": rows})
-    atomic_write_text(HERE / "summary.md", table(rows))
-    plot(rows, HERE / "img" / "newplatform.png")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--summary", type=Path, default=HERE / "summary.json")
+    ap.add_argument("--markdown", type=Path, default=HERE / "summary.md")
+    ap.add_argument("--plot", type=Path, default=HERE / "img" / "newplatform.png")
+    ap.add_argument("--trained-on", default=None, help="the data column of every row (default: from the label)")
+    a = ap.parse_args()
+    rows = summarize(load_runs(a.results), a.trained_on)
+    atomic_write_json(a.summary, {"runs": rows})
+    atomic_write_text(a.markdown, table(rows))
+    plot(rows, a.plot)
     print(table(rows))
 
 

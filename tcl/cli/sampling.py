@@ -10,7 +10,7 @@ import click
 
 from ..io import json_safe
 from ..sampling import STRATEGIES
-from .models import _params, load_model_ref
+from .models import _params, load_model_ref, parse_overrides
 
 
 @click.command()
@@ -27,15 +27,18 @@ from .models import _params, load_model_ref
 @click.option("--seed", type=int, default=None, help="Seed (default: sample.seed).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml with the sample: section (and models:/train: for retraining).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a sample: setting for this run (e.g. mc_dropout=0, weights.uncertainty=2); "
+                   "the subset records the settings it was chosen with.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The chosen programs (.npz feature set).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line last.")
-def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, out, as_json):
+def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, sets, out, as_json):
     """Choose RATIO of FEATURES' programs to measure and write them as a feature set."""
     from tcl.features import FeatureFileError, load_feature_set
     from tcl.sampling import SamplingError
     from tcl.sampling.subset import run_settings, sample_features
 
-    params = _params(params_path)
+    params = _with_sample_overrides(_params(params_path), parse_overrides(sets))
     run = run_settings(params)
     ratio = run["ratio"] if ratio is None else ratio
     strategy = strategy or run["strategy"]
@@ -63,3 +66,17 @@ def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, out,
     else:
         click.echo(f"{strategy}: {how['selected']} of {how['pool']} programs in {how['rounds']} round(s) "
                    f"{how['round_sizes']}, {how['seconds']:.2f} s -> {out}")
+
+
+def _with_sample_overrides(params: dict, overrides: dict) -> dict:
+    """`params` with `overrides` (dotted keys: weights.uncertainty) over its sample: section."""
+    sample = dict(params.get("sample") or {})
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = sample
+        for name in parents:
+            child = node.get(name)
+            node[name] = dict(child) if isinstance(child, dict) else {}
+            node = node[name]
+        node[leaf] = value
+    return {**params, "sample": sample}
