@@ -152,15 +152,16 @@ def test_cold_start_then_model_backed_uncertainty(one_torch_thread):
 
 
 def test_a_dropout_free_given_model_serves_mc_dropout_from_the_first_round(one_torch_thread):
-    """The KB presets train without dropout: a given model's Dropout layers run at mc_dropout for
-    the MC samples (and are restored); a cold run's fresh models are left as they are."""
+    """The KB presets train without dropout: with mc_dropout > 0 a given model's Dropout layers run
+    at that rate for the MC samples (and are restored); a cold run's fresh models are left as they are."""
     from tcl.models import new_model
     from tcl.training import seed_everything
 
     fs = make_fs(n_tasks=6, per_task=30, seed=4)
     seed_everything(0)
     kb = new_model("mlp", F, {"hidden": 16, "n_layers": 1})            # dropout 0, like a KB
-    backed, _, _ = run(fs, "rdu", 30, rounds=3, model=kb)
+    assert run(fs, "rdu", 30, rounds=1, model=kb)[0].rounds[0]["uncertainty"] == "none"  # the default: off
+    backed, _, _ = run(fs, "rdu", 30, rounds=3, model=kb, mc_dropout=0.1)
     assert backed.rounds[0]["uncertainty"] == "mc-dropout@0.1"
     assert backed.rounds[1]["uncertainty"] == "mc-dropout@0.1+committee"
     assert all(m.p == 0 for m in kb.net.modules() if type(m).__name__ == "Dropout")
@@ -173,7 +174,7 @@ def test_a_dropout_free_given_model_serves_mc_dropout_from_the_first_round(one_t
     permuted.latency = permuted.latency.copy()
     permuted.latency[unchosen] = np.random.default_rng(1).permutation(permuted.latency[unchosen])
     permuted.y = np.zeros_like(permuted.y)
-    again, _, _ = run(permuted, "rdu", 30, rounds=3, model=kb)
+    again, _, _ = run(permuted, "rdu", 30, rounds=3, model=kb, mc_dropout=0.1)
     assert np.array_equal(backed.indices, again.indices)
     # a cold run (the main job's sample stages) chooses the same whatever mc_dropout says
     cold, _, _ = run(fs, "rdu", 30, rounds=3, mc_dropout=0.3)
@@ -269,13 +270,13 @@ def test_cli_sample_json_contract_and_model(tmp_path, one_torch_thread):
     assert load_feature_set(out).meta["sample"]["model_ref"] == str(model_path)
     # --set overrides sample: settings for the run (dotted keys reach nested ones); the subset records them
     res = runner.invoke(main, ["sample", str(data), "--ratio", "0.2", "--strategy", "rdu", "--model", str(model_path),
-                               "--rounds", "1", "--params", str(params), "--set", "mc_dropout=0",
+                               "--rounds", "1", "--params", str(params), "--set", "mc_dropout=0.2",
                                "--set", "weights.uncertainty=2", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     how = load_feature_set(out).meta["sample"]
-    assert how["settings"]["mc_dropout"] == 0 and how["settings"]["weights"]["uncertainty"] == 2.0
+    assert how["settings"]["mc_dropout"] == 0.2 and how["settings"]["weights"]["uncertainty"] == 2.0
     assert how["settings"]["weights"]["representativeness"] == DEFAULTS["weights"]["representativeness"]  # kept
-    assert how["rounds_detail"][0]["uncertainty"] == "none"           # no MC dropout for this dropout-free model
+    assert how["rounds_detail"][0]["uncertainty"] == "mc-dropout@0.2"  # this dropout-free model's, switched on
     res = runner.invoke(main, ["sample", str(data), "--set", "pool_ratioo=0.3", "--params", str(params),
                                "--out", str(out)])
     assert res.exit_code == 1 and "unknown sample: keys ['pool_ratioo']" in res.output

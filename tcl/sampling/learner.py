@@ -4,13 +4,14 @@ retraining between rounds: what every model-using strategy reads.
 Uncertainty has two sources, each rank-normalised over the programs asked about and averaged:
 
 * MC dropout: the spread (sd) of ``mc_samples`` scores of the current model with its dropout on
-  (``CostModel.predict(..., dropout=True)``). A *given* model (``--model``, e.g. the family's KB,
-  and its fine-tuned copies) trained without dropout -- the KB presets have dropout 0 -- runs its
-  dropout layers at ``mc_dropout`` for these samples, so the KB's uncertainty serves from the
-  first round as the issue asks. A cold run's fresh models keep their own dropout (none for the
-  presets): the committee serves them from the second round, and the main job's cold subsets are
-  chosen as they were before the setting existed. Skipped when no dropout is active (two probe
-  passes agree) and none can be switched on.
+  (``CostModel.predict(..., dropout=True)``). With ``mc_dropout`` > 0 a *given* model (``--model``,
+  e.g. the family's KB, and its fine-tuned copies) trained without dropout -- the KB presets have
+  dropout 0 -- runs its dropout layers at that rate for these samples, so the KB's uncertainty
+  serves from the first round as the issue designs it (params.yaml keeps 0: measured below the
+  KB's embedding alone, docs/sampling.md). A cold run's fresh models keep their own dropout (none
+  for the presets): the committee serves them from the second round, and cold subsets are chosen
+  the same whatever the setting. Skipped when no dropout is active (two probe passes agree) and
+  none is switched on.
 * Committee disagreement: the sd over ``committee`` ridge regressors, each fitted on a bootstrap
   resample of the revealed programs (their embedding -> y normalised within each task over the
   revealed programs). Needs labels, so it serves from the second round on.
@@ -42,7 +43,7 @@ DEFAULTS = {
     "duplicate_radius": 0.05,  # closer than this share of its cluster's median radius to a chosen
                                # program: a near-duplicate, chosen only when nothing else is left
     "mc_samples": 8,          # MC-dropout score samples per program
-    "mc_dropout": 0.1,        # dropout rate of the MC samples of a given model trained without dropout
+    "mc_dropout": 0.0,        # dropout rate of the MC samples of a given model trained without dropout
                               # (its Dropout layers at p 0 run at this rate while sampling); 0: none
     "committee": 5,           # bootstrap ridge members
     "committee_min": 8,       # revealed programs needed before the committee votes
