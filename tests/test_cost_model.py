@@ -196,3 +196,32 @@ def test_a_kind_reading_other_arrays_trains_and_predicts_through_the_interface(t
     np.testing.assert_array_equal(model.predict_features(valid),
                                   model.predict(valid.x[:, ::-1], valid.mask[:, ::-1]))
     assert L == valid.x.shape[1]
+
+
+class _Exploit:
+    """A pickle that would run code when unpickled (it must never be)."""
+
+    def __reduce__(self):
+        return (exec, ("import pathlib; pathlib.Path('PWNED').write_text('x')",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_checkpoint_of_pickled_code_or_an_onnx_export_is_refused_by_name(tmp_path, monkeypatch):
+    import pickle
+
+    from tcl.models import load_model
+
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / "model.pt"
+    torch.save({"format": "tcl-checkpoint", "payload": _Exploit()}, evil)
+    with pytest.raises(ValueError, match=r"model\.pt: not a readable tcl-checkpoint file .*never loaded"):
+        load_model(evil)
+    plain = tmp_path / "plain.pt"
+    plain.write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(ValueError, match="plain.pt: not a readable tcl-checkpoint file"):
+        load_model(plain)
+    assert not (tmp_path / "PWNED").exists()
+    onnx = tmp_path / "kb.onnx"
+    onnx.write_bytes(b"\x08\x07\x12\x07pytorch")   # the first bytes of an ONNX ModelProto
+    with pytest.raises(ValueError, match=r"kb\.onnx: an ONNX export is what serving .* needs the model's tcl-checkpoint"):
+        load_model(onnx)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,15 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     info: kind, n_features, config, feature_meta, extra, torch_version, format_version, and
     ``aux_tensors`` (a dict of tensors, empty when the file has none).
     """
+    if Path(path).suffix.lower() == ".onnx":
+        raise ValueError(f"{path}: an ONNX export is what serving and `tcl tune --model` read; this "
+                         f"needs the model's {FORMAT} (its model.pt, its training dir or a models:/ URI)")
     try:
         payload = torch.load(Path(path), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's own message suggests weights_only=False: TCL never unpickles code from a file
+        raise ValueError(f"{path}: not a readable {FORMAT} file (not a torch file of tensors and plain "
+                         "values; pickled objects are never loaded)") from None
     except Exception as exc:  # noqa: BLE001 - a zip/pickle error says little; name the file
         raise ValueError(f"{path}: not a readable {FORMAT} file ({type(exc).__name__}: {exc})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
