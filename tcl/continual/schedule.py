@@ -665,6 +665,9 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     source_names = list(sources) if explicit else default_sources(family, target.platform)
     notes = family_warnings(family, list(kb.feature_meta.get("platforms") or []),
                             source_names if explicit else [], start_family, target=target.platform)
+    if target.valid is None:  # the KD guard then keeps any epoch that fits the training programs better
+        notes.append("no --target-valid: the KD guard judges the target on its training programs "
+                     "(in-sample) and nothing held out stops a phase early: the KB can overfit them")
     src = []
     for name in source_names:
         d = load_platform(name, splits_dir)
