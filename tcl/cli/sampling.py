@@ -28,7 +28,7 @@ from .models import _params, load_model_ref, parse_overrides
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml with the sample: section (and models:/train: for retraining).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a sample: setting for this run (e.g. mc_dropout=0, weights.uncertainty=2); "
+              help="Override a sample: setting for this run (e.g. mc_dropout=0.1, weights.uncertainty=2); "
                    "the subset records the settings it was chosen with.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The chosen programs (.npz feature set).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line last.")
