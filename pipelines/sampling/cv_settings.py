@@ -22,7 +22,9 @@ A candidate with `model: sibling` samples with a knowledge base, as `tcl sample 
 family's new platform: a Mamba kb trained (seed `kb_seed`) on the whole training split of the
 first other platform of `platforms` in the same hardware family serves the embedding from the
 first round and is fine-tuned on the revealed programs between rounds. It never saw the target
-platform's labels; on a platform without a sibling in `platforms` the candidate is not run.
+platform's labels; on a platform without a sibling in `platforms` the candidate is not run. A
+candidate's `kb:` overrides that KB's model config (e.g. `{dropout: 0.1}`: a KB trained with
+dropout, whose MC dropout then serves from the first round); one KB is trained per distinct `kb:`.
 """
 
 from __future__ import annotations
@@ -154,6 +156,15 @@ def train_sibling_kb(sibling: str, params: dict, seed: int, out: Path) -> dict:
     return {"platform": sibling, "programs": len(train), "seed": seed, "seconds": time.perf_counter() - t0}
 
 
+def kb_params(params: dict, override: dict) -> dict:
+    """params whose KB preset (`pipeline.preset`, default kb) has `override` over its config."""
+    out = copy.deepcopy(params)
+    preset = out.get("pipeline", {}).get("preset", "kb")
+    mamba = out.setdefault("models", {}).setdefault("mamba", {})
+    mamba[preset] = {**(mamba.get(preset) or {}), **override}
+    return out
+
+
 def run_platform(platform: str, params: dict, cv: dict) -> dict:
     """Every (fold, ratio, candidate, seed) of one platform: its rows and the split's size."""
     split = f"data/splits/{platform}"
@@ -167,11 +178,18 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
     runnable = [name for name in cv["candidates"] if name not in wants_kb or sibling is not None]
     jobs = [(f, name, float(ratio), int(seed)) for f in range(len(folds)) for ratio in cv["ratios"]
             for name in runnable for seed in cv["seeds"]]
-    rows, kb, model = [], None, None
+    rows, kbs, models = [], {}, {}
+
+    def kb_key(spec: dict) -> str:
+        return json.dumps(spec.get("kb") or {}, sort_keys=True)
+
     with tempfile.TemporaryDirectory(prefix="tcl-cv-kb-") as tmp:
-        if sibling is not None:
-            kb = train_sibling_kb(sibling, params, int(cv.get("kb_seed", 0)), Path(tmp, "kb.pt"))
-            model = load_model(Path(tmp, "kb.pt"))  # the sampler fine-tunes a copy, never this one
+        if sibling is not None:  # one KB per distinct `kb:` config override
+            for i, key in enumerate(sorted({kb_key(cv["candidates"][name]) for name in wants_kb})):
+                path = Path(tmp, f"kb-{i}.pt")
+                kbs[key] = {"kb": json.loads(key), **train_sibling_kb(
+                    sibling, kb_params(params, json.loads(key)), int(cv.get("kb_seed", 0)), path)}
+                models[key] = load_model(path)  # the sampler fine-tunes a copy, never this one
         for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
             held_mask = np.isin(train.task, folds[f])
             pool, held = train.subset(~held_mask), train.subset(held_mask)
@@ -179,14 +197,14 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             t0 = time.perf_counter()
             sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
                                        candidate_params(params, spec.get("sample", {})),
-                                       model=model if name in wants_kb else None, seed=seed)
+                                       model=models[kb_key(spec)] if name in wants_kb else None, seed=seed)
             rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
                          "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
                          "sampler_seconds": sel.seconds,
                          **train_and_score(sub, valid, held, params, seed, KEYS, threads=1),
                          "seconds": time.perf_counter() - t0})
     return {"platform": platform, "cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
-            "sibling_kb": kb, "runs": rows}
+            "sibling_kbs": list(kbs.values()), "runs": rows}
 
 
 def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
