@@ -59,9 +59,10 @@ class CostModel(abc.ABC):
 
     # -- inference ------------------------------------------------------------------------
     @abc.abstractmethod
-    def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool = False) -> np.ndarray:
+    def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool | float = False) -> np.ndarray:
         """Scores (N,) float64, higher = predicted faster. `dropout`: keep dropout on (one
-        MC-dropout sample); kinds without dropout ignore it."""
+        MC-dropout sample); a rate in (0, 1) also runs the dropout layers trained at 0 at that rate
+        (a model trained without dropout then gives MC samples too); kinds without dropout ignore it."""
 
     @abc.abstractmethod
     def embed(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -399,18 +399,25 @@ def export_onnx(model: nn.Module, f, n_features: int, max_len: int = 48, opset: 
 
 
 @contextlib.contextmanager
-def _inference(net: nn.Module, dropout: bool):
-    """Eval mode and no autograd; with `dropout`, the Dropout layers stay on (MC dropout)."""
+def _inference(net: nn.Module, dropout: bool | float):
+    """Eval mode and no autograd; with `dropout`, the Dropout layers stay on (MC dropout), and a
+    rate (a float, not True) runs the layers at p 0 at that rate (restored after)."""
     was_training = net.training
     net.eval()
+    switched = []
     if dropout:
         for m in net.modules():
             if isinstance(m, nn.Dropout):
                 m.train()
+                if not isinstance(dropout, bool) and m.p == 0:
+                    m.p = float(dropout)
+                    switched.append(m)
     try:
         with torch.inference_mode():
             yield
     finally:
+        for m in switched:
+            m.p = 0.0
         net.train(was_training)
 
 
@@ -460,7 +467,7 @@ class NetCostModel(CostModel):
         return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
                 torch.from_numpy(np.ascontiguousarray(mask, dtype=bool)))
 
-    def predict(self, x, mask, dropout: bool = False) -> np.ndarray:
+    def predict(self, x, mask, dropout: bool | float = False) -> np.ndarray:
         xt, mt = self._tensors(x, mask)
         with _inference(self.net, dropout):
             return self.net(xt, mt).double().numpy()

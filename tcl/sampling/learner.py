@@ -22,7 +22,6 @@ uncertainty and RDU chooses by representativeness and diversity alone.
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from dataclasses import dataclass, field
 
@@ -212,7 +211,7 @@ class PoolView:
         committee = self._committee_predictions(index)
         return committee.mean(axis=0) if committee is not None else None
 
-    def _predict(self, index: np.ndarray, dropout: bool, batch: int = 4096) -> np.ndarray:
+    def _predict(self, index: np.ndarray, dropout: bool | float, batch: int = 4096) -> np.ndarray:
         index = np.asarray(index, np.int64)
         out = [self.model.predict(np.asarray(self.pool.x[index[a:a + batch]]), self.pool.mask[index[a:a + batch]],
                                   dropout=dropout) for a in range(0, len(index), batch)]
@@ -231,13 +230,13 @@ class PoolView:
         rate = self.settings.mc_dropout if self.given else 0.0
         if rate <= 0:
             return None, ""  # no active dropout: every sample is the same score
-        with _dropout_switched_on(self.model, rate) as switched:
-            if not switched:
-                return None, ""  # a kind without dropout layers (xgb, ...)
-            return self._mc_samples(index).std(axis=0), f"mc-dropout@{rate:g}"
+        spread = self._mc_samples(index, rate).std(axis=0)   # dropout layers trained at 0 run at `rate`
+        if not spread.any():
+            return None, ""  # a kind without dropout layers (xgb, ...)
+        return spread, f"mc-dropout@{rate:g}"
 
-    def _mc_samples(self, index: np.ndarray) -> np.ndarray:
-        return np.stack([self._predict(index, True) for _ in range(int(self.settings.mc_samples))])
+    def _mc_samples(self, index: np.ndarray, dropout: bool | float = True) -> np.ndarray:
+        return np.stack([self._predict(index, dropout) for _ in range(int(self.settings.mc_samples))])
 
     def _committee_predictions(self, index: np.ndarray) -> np.ndarray | None:
         """(members, len(index)) predictions of the bootstrap ridge committee, or None."""
@@ -261,21 +260,3 @@ class PoolView:
         emb = self.embedding[np.asarray(index, np.int64)]
         return (emb @ self._committee[:-1] + self._committee[-1]).T.astype(np.float64)
 
-
-@contextlib.contextmanager
-def _dropout_switched_on(model, rate: float):
-    """The Dropout layers at p 0 of a torch-backed cost model (``model.net``) run at `rate` inside
-    the block (restored after, also on error); yields whether the model has any such layer."""
-    net = getattr(model, "net", None)
-    layers = []
-    if net is not None:
-        import torch.nn as nn
-
-        layers = [m for m in net.modules() if isinstance(m, nn.Dropout) and m.p == 0]
-    try:
-        for m in layers:
-            m.p = float(rate)
-        yield bool(layers)
-    finally:
-        for m in layers:
-            m.p = 0.0
