@@ -184,6 +184,46 @@ def test_a_dropout_free_given_model_serves_mc_dropout_from_the_first_round(one_t
         settings(mc_dropout=1.0)
 
 
+def test_an_ensemble_of_given_models_serves_its_disagreement_from_the_first_round(one_torch_thread):
+    """Several given models (e.g. KBs of several seeds): the first serves the embedding, the sd of
+    their within-task score ranks is an uncertainty from round one; the callers' models are never
+    changed, one model in a list chooses as the model alone, and unchosen labels stay unread."""
+    import torch
+
+    from tcl.models import new_model
+    from tcl.sampling.learner import Learner
+    from tcl.training import seed_everything
+
+    fs = make_fs(n_tasks=6, per_task=30, seed=4)
+    kbs = []
+    for seed in (0, 1):
+        seed_everything(seed)
+        kbs.append(new_model("mlp", F, {"hidden": 16, "n_layers": 1}))
+    before = [{k: v.clone() for k, v in kb.net.state_dict().items()} for kb in kbs]
+    ensemble, _, _ = run(fs, "rdu", 30, rounds=3, model=kbs)
+    assert [r["uncertainty"] for r in ensemble.rounds] == ["ensemble-2", "ensemble-2+committee",
+                                                           "ensemble-2+committee"]
+    for kb, state in zip(kbs, before):
+        assert all(torch.equal(v, state[k]) for k, v in kb.net.state_dict().items())
+    alone, _, _ = run(fs, "rdu", 30, rounds=3, model=kbs[0])
+    assert np.array_equal(alone.indices, run(fs, "rdu", 30, rounds=3, model=[kbs[0]])[0].indices)
+    assert alone.rounds[0]["uncertainty"] == "none" and not np.array_equal(alone.indices, ensemble.indices)
+    unchosen = np.setdiff1d(np.arange(len(fs)), ensemble.indices)
+    permuted = fs.subset(np.arange(len(fs)))
+    permuted.latency = permuted.latency.copy()
+    permuted.latency[unchosen] = np.random.default_rng(1).permutation(permuted.latency[unchosen])
+    permuted.y = np.zeros_like(permuted.y)
+    assert np.array_equal(ensemble.indices, run(permuted, "rdu", 30, rounds=3, model=kbs)[0].indices)
+    # the spread is the members' disagreement on each program's rank inside its task
+    view = Learner(settings()).view(Pool.from_features(fs), kbs, np.zeros(0, np.int64), np.zeros(0),
+                                    np.random.default_rng(0), given=True)
+    index = np.arange(len(fs))
+    ranks = np.stack([space.task_rank01(kb.predict(fs.x, fs.mask), fs.task) for kb in kbs])
+    assert np.allclose(view.uncertainty(index), space.rank01(ranks.std(axis=0)))
+    with pytest.raises(SamplingError, match="members"):
+        run(fs, "rdu", 30, model=[kbs[0], None])
+
+
 def test_mc_dropout_uncertainty_is_the_spread_of_dropout_samples(one_torch_thread):
     from tcl.models import new_model
     from tcl.sampling.learner import Learner
@@ -193,7 +233,7 @@ def test_mc_dropout_uncertainty_is_the_spread_of_dropout_samples(one_torch_threa
     seed_everything(0)
     model = new_model("mlp", F, {"hidden": 16, "n_layers": 1, "dropout": 0.5})
     s = settings(mc_samples=64)
-    view = Learner(s).view(Pool.from_features(fs), model, np.zeros(0, np.int64), np.zeros(0),
+    view = Learner(s).view(Pool.from_features(fs), [model], np.zeros(0, np.int64), np.zeros(0),
                            np.random.default_rng(0))
     index = np.arange(len(fs))
     unc = view.uncertainty(index)
@@ -277,6 +317,15 @@ def test_cli_sample_json_contract_and_model(tmp_path, one_torch_thread):
     assert how["settings"]["mc_dropout"] == 0.2 and how["settings"]["weights"]["uncertainty"] == 2.0
     assert how["settings"]["weights"]["representativeness"] == DEFAULTS["weights"]["representativeness"]  # kept
     assert how["rounds_detail"][0]["uncertainty"] == "mc-dropout@0.2"  # this dropout-free model's, switched on
+    # --model repeated: an ensemble, recorded as the list of its references
+    other_path = tmp_path / "kb-2.pt"
+    new_model("mlp", F, {"hidden": 16, "n_layers": 1}).save(other_path)
+    res = runner.invoke(main, ["sample", str(data), "--ratio", "0.2", "--model", str(model_path), "--model",
+                               str(other_path), "--rounds", "1", "--params", str(params), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    how = load_feature_set(out).meta["sample"]
+    assert how["model_ref"] == [str(model_path), str(other_path)]
+    assert how["rounds_detail"][0]["uncertainty"] == "ensemble-2"
     res = runner.invoke(main, ["sample", str(data), "--set", "pool_ratioo=0.3", "--params", str(params),
                                "--out", str(out)])
     assert res.exit_code == 1 and "unknown sample: keys ['pool_ratioo']" in res.output

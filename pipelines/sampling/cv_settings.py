@@ -24,7 +24,9 @@ first other platform of `platforms` in the same hardware family serves the embed
 first round and is fine-tuned on the revealed programs between rounds. It never saw the target
 platform's labels; on a platform without a sibling in `platforms` the candidate is not run. A
 candidate's `kb:` overrides that KB's model config (e.g. `{dropout: 0.1}`: a KB trained with
-dropout, whose MC dropout then serves from the first round); one KB is trained per distinct `kb:`.
+dropout, whose MC dropout then serves from the first round), its `kb_seeds` (a list) samples with
+an ensemble of KBs trained with those seeds (`tcl sample --model` repeated); one KB is trained per
+distinct `kb:` and seed.
 """
 
 from __future__ import annotations
@@ -180,15 +182,21 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             for name in runnable for seed in cv["seeds"]]
     rows, kbs, models = [], {}, {}
 
-    def kb_key(spec: dict) -> str:
-        return json.dumps(spec.get("kb") or {}, sort_keys=True)
+    def kb_keys(spec: dict) -> list[tuple[str, int]]:
+        """(config, seed) of each KB the candidate samples with: `kb_seeds` several (an ensemble)."""
+        config = json.dumps(spec.get("kb") or {}, sort_keys=True)
+        return [(config, int(seed)) for seed in spec.get("kb_seeds", [cv.get("kb_seed", 0)])]
+
+    def given(spec: dict):
+        members = [models[key] for key in kb_keys(spec)]
+        return members[0] if len(members) == 1 else members
 
     with tempfile.TemporaryDirectory(prefix="tcl-cv-kb-") as tmp:
-        if sibling is not None:  # one KB per distinct `kb:` config override
-            for i, key in enumerate(sorted({kb_key(cv["candidates"][name]) for name in wants_kb})):
+        if sibling is not None:  # one KB per distinct `kb:` config override and seed
+            for i, key in enumerate(sorted({k for name in wants_kb for k in kb_keys(cv["candidates"][name])})):
                 path = Path(tmp, f"kb-{i}.pt")
-                kbs[key] = {"kb": json.loads(key), **train_sibling_kb(
-                    sibling, kb_params(params, json.loads(key)), int(cv.get("kb_seed", 0)), path)}
+                kbs[key] = {"kb": json.loads(key[0]), **train_sibling_kb(
+                    sibling, kb_params(params, json.loads(key[0])), key[1], path)}
                 models[key] = load_model(path)  # the sampler fine-tunes a copy, never this one
         for f, name, ratio, seed in tqdm(jobs, desc=f"cv {platform}"):
             held_mask = np.isin(train.task, folds[f])
@@ -197,7 +205,7 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             t0 = time.perf_counter()
             sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
                                        candidate_params(params, spec.get("sample", {})),
-                                       model=models[kb_key(spec)] if name in wants_kb else None, seed=seed)
+                                       model=given(spec) if name in wants_kb else None, seed=seed)
             rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
                          "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
                          "sampler_seconds": sel.seconds,

@@ -5,11 +5,15 @@ each baseline from those pooled curves (tcl.bench.tune.ratios, the study's defin
 are not in the databases, so only trials are compared).
 
 Each ROOT is a study's `pipelines/tuning/runs` (one folder per task, `<model>-seed<s>` inside:
-the databases `tcl tune` writes, records in measurement order). An earlier occasion's runs come
-back with its commit's dvc.lock: `git worktree add /tmp/old <commit> && cd /tmp/old && dvc
-checkout pipelines/tuning/dvc.yaml` (from this checkout's DVC cache).
+the databases `tcl tune` writes, records in measurement order), or a folder of a study's metrics
+(`pipelines/tuning/metrics`: one `tcl bench tune --json` report per task), whose per-model curves
+are already the geometric mean over the report's seeds and count as that many runs (the pooled
+geometric mean is then the same as from the runs). An earlier occasion's runs come back with its
+commit's dvc.lock: `git worktree add /tmp/old <commit> && cd /tmp/old && dvc checkout
+pipelines/tuning/dvc.yaml` (from a DVC cache that holds them); its metrics are in git
+(`git worktree add /tmp/old <commit>`: /tmp/old/pipelines/tuning/metrics).
 
-    python pipelines/tuning/pool_runs.py pipelines/tuning/runs /tmp/old/pipelines/tuning/runs \
+    python pipelines/tuning/pool_runs.py pipelines/tuning/runs /tmp/old/pipelines/tuning/metrics \
         --every 16 --markdown /tmp/pooled.md
 """
 
@@ -39,11 +43,29 @@ def run_curve(db: Path, every: int) -> dict:
     return {"trials": curve_trials, "best": curve_best, "seconds": curve_trials}
 
 
+def report_curves(report: dict, every: int) -> dict:
+    """{model: [its mean curve, once per seed]} of one `tcl bench tune --json` report."""
+    out = {}
+    for model, curve in report["curves"].items():
+        trials = curve["trials"]
+        if len(trials) > 1 and trials[1] - trials[0] != every:
+            raise SystemExit(f"{report['workload']}: the report's curves step {trials[1] - trials[0]} trials, "
+                             f"not --every {every}")
+        point = {"trials": trials, "best": curve["best_latency_s"], "seconds": trials}
+        out[model] = [point] * len(report["seeds"])
+    return out
+
+
 def pooled(roots: list[Path], every: int) -> dict:
     """{task: {model: [run curves]}} over every root."""
     out: dict = {}
     for root in roots:
-        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        reports = sorted(root.glob("*.json"))
+        for path in reports:  # a metrics folder: one report per task
+            report = json.loads(path.read_text())
+            for model, curves in report_curves(report, every).items():
+                out.setdefault(report["workload"], {}).setdefault(model, []).extend(curves)
+        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()) if not reports else ():
             for run_dir in sorted(p for p in task_dir.iterdir() if (p / "database_tuning_record.json").exists()):
                 model = run_dir.name.rsplit("-seed", 1)[0]
                 out.setdefault(task_dir.name, {}).setdefault(model, []).append(run_curve(run_dir, every))
@@ -62,7 +84,7 @@ def table(runs: dict) -> str:
     for task, models in sorted(runs.items()):
         curves = {m: mean_curve(c) for m, c in models.items()}
         for variant in (v for v in TCL_VARIANTS if v in curves):
-            for base, r in ratios(curves, variant).items():
+            for base, r in sorted(ratios(curves, variant).items()):
                 speed = r["speedup_trials"]
                 overall.setdefault((variant, base), []).append((speed, r["latency_ratio_at_equal_trials"]))
                 lines.append(f"| {task} | {variant} | {base} | {len(models[variant])} / {len(models[base])} | "

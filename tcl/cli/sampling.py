@@ -4,6 +4,7 @@ feature set. A thin layer: the work is in tcl.sampling."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 
 import click
@@ -19,9 +20,11 @@ from .models import _params, load_model_ref, parse_overrides
               help="Share of the programs to choose, in (0, 1] (default: sample.ratio).")
 @click.option("--strategy", type=click.Choice(list(STRATEGIES)), default=None,
               help="Sampling strategy (default: sample.strategy).")
-@click.option("--model", "model_ref", default=None,
+@click.option("--model", "model_refs", multiple=True,
               help="A cost model whose embedding and uncertainty serve from the first round: checkpoint, "
-                   "training dir or MLflow URI (models:/..., runs:/...), as `tcl evaluate --model`.")
+                   "training dir or MLflow URI (models:/..., runs:/...), as `tcl evaluate --model`. "
+                   "Repeated: an ensemble (e.g. KBs of several seeds); the first serves the embedding, "
+                   "their disagreement the uncertainty.")
 @click.option("--rounds", type=int, default=None,
               help="Rounds of choose -> reveal -> retrain (default: sample.rounds).")
 @click.option("--seed", type=int, default=None, help="Seed (default: sample.seed).")
@@ -32,7 +35,7 @@ from .models import _params, load_model_ref, parse_overrides
                    "the subset records the settings it was chosen with.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The chosen programs (.npz feature set).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON line last.")
-def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, sets, out, as_json):
+def sample(features, ratio, strategy, model_refs, rounds, seed, params_path, sets, out, as_json):
     """Choose RATIO of FEATURES' programs to measure and write them as a feature set."""
     from tcl.features import FeatureFileError, load_feature_set
     from tcl.sampling import SamplingError
@@ -51,10 +54,14 @@ def sample(features, ratio, strategy, model_ref, rounds, seed, params_path, sets
     except FeatureFileError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
-        model = load_model_ref(model_ref, tmp) if model_ref is not None else None
+        models = []
+        for i, ref in enumerate(model_refs):  # a folder each: two registry models' artifacts share names
+            os.makedirs(f"{tmp}/{i}")
+            models.append(load_model_ref(ref, f"{tmp}/{i}"))
         try:
-            subset, selection = sample_features(fs, float(ratio), strategy, params, model=model, rounds=rounds,
-                                                seed=seed, model_ref=model_ref)
+            subset, selection = sample_features(
+                fs, float(ratio), strategy, params, model=(models[0] if len(models) == 1 else models or None),
+                rounds=rounds, seed=seed, model_ref=(model_refs[0] if len(model_refs) == 1 else list(model_refs) or None))
         except (SamplingError, ValueError) as exc:
             raise click.ClickException(f"{features}: {exc}") from None
     subset.save(out)

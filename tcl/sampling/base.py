@@ -7,7 +7,8 @@
 * `reveal(indices) -> latencies (seconds)`: measures (or looks up) the chosen programs; the only
   way labels reach a sampler.
 * `model`: a ``tcl.models.base.CostModel`` whose embedding and uncertainty serve from the first
-  round (e.g. a family's KB), or None (cold start).
+  round (e.g. a family's KB), a list of them (an ensemble: the first serves the embedding, their
+  disagreement is an uncertainty from the first round), or None (cold start).
 
 Every strategy runs the same rounds (:meth:`Sampler.select`): choose this round's share of the
 budget -> reveal its labels -> retrain the current model on everything revealed -> rescore. A
@@ -166,15 +167,15 @@ class Sampler(abc.ABC):
                                 f"{f' less {len(chosen)} known' if len(chosen) else ''})")
         t_start, t_reveal = time.perf_counter(), 0.0
         n_known = len(chosen)
-        model = model if self.uses_model else None
-        given = model is not None   # the caller's model: its fine-tuned copies stay `given`
+        members = given_members(model) if self.uses_model else []
+        given = bool(members)   # the caller's model(s): their fine-tuned copies stay `given`
         if self.uses_model and n_known:
-            model = self.learner.retrain(pool, model, chosen, latency, max(first_round - 1, 0))
+            members = self.learner.retrain(pool, members, chosen, latency, max(first_round - 1, 0))
         records = []
         budgets = split_budget(budget, self.rounds)
         for r, b in enumerate(budgets, start=int(first_round)):
             rng = np.random.default_rng([self.seed, r])
-            view = self.learner.view(pool, model, chosen, latency, rng, given) if self.uses_model else None
+            view = self.learner.view(pool, members, chosen, latency, rng, given) if self.uses_model else None
             state = RoundState(pool, r, chosen, latency, rng, view)
             new = np.asarray(self.choose(state, b), np.int64)
             check_choice(new, b, chosen, n, self.name)
@@ -190,9 +191,19 @@ class Sampler(abc.ABC):
                             "uncertainty": view.uncertainty_source if view is not None else None,
                             **state.record})
             if self.uses_model and r + 1 < first_round + len(budgets):
-                model = self.learner.retrain(pool, model, chosen, latency, r)
+                members = self.learner.retrain(pool, members, chosen, latency, r)
         return Selection(indices=chosen[n_known:], rounds=records,
                          seconds=time.perf_counter() - t_start - t_reveal)
+
+
+def given_members(model) -> list:
+    """The caller's model argument as a list: [] (none), [model], or the ensemble's members."""
+    if model is None:
+        return []
+    members = list(model) if isinstance(model, (list, tuple)) else [model]
+    if any(m is None for m in members):
+        raise SamplingError("an ensemble's members must all be models")
+    return members
 
 
 def check_choice(new: np.ndarray, budget: int, chosen: np.ndarray, n: int, name: str) -> None:

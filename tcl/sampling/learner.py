@@ -12,11 +12,15 @@ Uncertainty has two sources, each rank-normalised over the programs asked about 
   for the presets): the committee serves them from the second round, and cold subsets are chosen
   the same whatever the setting. Skipped when no dropout is active (two probe passes agree) and
   none is switched on.
+* Ensemble disagreement: given several models (``tcl sample --model A --model B ...``, e.g. KBs
+  of the family trained with different seeds), the sd over them of each program's within-task
+  rank of their scores (ranks: members trained apart need not share a scale). Serves from the
+  first round; each member is fine-tuned between rounds like a single given model.
 * Committee disagreement: the sd over ``committee`` ridge regressors, each fitted on a bootstrap
   resample of the revealed programs (their embedding -> y normalised within each task over the
   revealed programs). Needs labels, so it serves from the second round on.
 
-With neither (a cold first round, or a dropout-free model before any label) there is no
+With none (a cold first round, or one dropout-free model before any label) there is no
 uncertainty and RDU chooses by representativeness and diversity alone.
 """
 
@@ -121,10 +125,11 @@ class Learner:
         self._embedding: tuple | None = None  # (model identity, projected embedding), reused while unchanged
         self.retrained = 0
 
-    def view(self, pool, model, chosen: np.ndarray, latency: np.ndarray, rng: np.random.Generator,
+    def view(self, pool, members: list, chosen: np.ndarray, latency: np.ndarray, rng: np.random.Generator,
              given: bool = False) -> "PoolView":
-        """`given`: `model` is the caller's (or a fine-tuned copy of it), not a fresh retrained one."""
-        return PoolView(self, pool, model, chosen, latency, rng, given)
+        """`members`: the current model(s), [] for none; the first serves the embedding. `given`:
+        they are the caller's (or fine-tuned copies of them), not a fresh retrained one."""
+        return PoolView(self, pool, members, chosen, latency, rng, given)
 
     def embedding(self, pool, model) -> np.ndarray:
         key = (id(model), self.retrained)
@@ -141,38 +146,44 @@ class Learner:
             self._embedding = (key, emb)
         return self._embedding[1]
 
-    def retrain(self, pool, model, chosen: np.ndarray, latency: np.ndarray, round_index: int):
-        """The model after training on every revealed program: a copy of a given model continues
-        from its weights (the caller's model, e.g. a family's KB, is never changed); without one, a
-        fresh model of ``retrain.kind`` (None when that is ``none``)."""
+    def retrain(self, pool, members: list, chosen: np.ndarray, latency: np.ndarray, round_index: int) -> list:
+        """The model(s) after training on every revealed program: a copy of each given model
+        continues from its weights (the caller's models, e.g. a family's KB, are never changed);
+        without any, one fresh model of ``retrain.kind`` ([] when that is ``none``)."""
         import copy
 
         from tcl.models import model_config, new_model
         from tcl.training import seed_everything, train_model
 
         kind = str(self.settings.retrain.get("kind") or "none")
-        if model is None and kind == "none":
-            return None
+        if not members and kind == "none":
+            return []
         train_params = {**self.settings.train, **self.settings.retrain["train"],
                         "seed": self.seed * 1000 + round_index}
         seed_everything(int(train_params["seed"]))
         labelled = pool.labelled_set(chosen, latency)
-        if model is None:
+        if not members:
             config = model_config(kind, {"models": self.settings.models}, self.settings.retrain.get("preset"))
-            model = new_model(kind, labelled.x.shape[2], config, labelled.meta)
+            members = [new_model(kind, labelled.x.shape[2], config, labelled.meta)]
         else:
-            model = copy.deepcopy(model)
-        with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
-            model, _ = train_model(model, labelled, [], train_params, tmp, progress=False, resume=False)
+            members = [copy.deepcopy(m) for m in members]
+        trained = []
+        for i, model in enumerate(members):
+            if i:  # each member's training from the same seed, the first's as it always was
+                seed_everything(int(train_params["seed"]))
+            with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
+                trained.append(train_model(model, labelled, [], train_params, tmp, progress=False, resume=False)[0])
         self.retrained += 1
-        return model
+        return trained
 
 
 class PoolView:
     """One round's view of the pool through the current model; everything is computed on first use."""
 
-    def __init__(self, learner: Learner, pool, model, chosen, latency, rng, given: bool = False):
-        self.learner, self.pool, self.model = learner, pool, model
+    def __init__(self, learner: Learner, pool, members: list, chosen, latency, rng, given: bool = False):
+        self.learner, self.pool = learner, pool
+        self.members = list(members)
+        self.model = self.members[0] if self.members else None   # serves the embedding and predictions
         self.chosen, self.latency, self.rng = chosen, latency, rng
         self.settings = learner.settings
         self.given = bool(given)
@@ -196,6 +207,10 @@ class PoolView:
         if mc is not None:
             parts.append(rank01(mc))
             names.append(mc_name)
+        ensemble = self._ensemble_spread(index)
+        if ensemble is not None:
+            parts.append(rank01(ensemble))
+            names.append(f"ensemble-{len(self.members)}")
         committee = self._committee_predictions(index)
         if committee is not None:
             parts.append(rank01(committee.std(axis=0)))
@@ -211,11 +226,22 @@ class PoolView:
         committee = self._committee_predictions(index)
         return committee.mean(axis=0) if committee is not None else None
 
-    def _predict(self, index: np.ndarray, dropout: bool | float, batch: int = 4096) -> np.ndarray:
+    def _predict(self, index: np.ndarray, dropout: bool | float, batch: int = 4096, model=None) -> np.ndarray:
+        """Scores of programs `index` by `model` (default: the current model)."""
+        model = self.model if model is None else model
         index = np.asarray(index, np.int64)
-        out = [self.model.predict(np.asarray(self.pool.x[index[a:a + batch]]), self.pool.mask[index[a:a + batch]],
-                                  dropout=dropout) for a in range(0, len(index), batch)]
+        out = [model.predict(np.asarray(self.pool.x[index[a:a + batch]]), self.pool.mask[index[a:a + batch]],
+                             dropout=dropout) for a in range(0, len(index), batch)]
         return np.concatenate(out) if out else np.zeros(0)
+
+    def _ensemble_spread(self, index: np.ndarray) -> np.ndarray | None:
+        """The sd over the ensemble's members of each program's within-task score rank, or None
+        (fewer than two members)."""
+        if len(self.members) < 2 or len(index) == 0:
+            return None
+        task = self.pool.task[np.asarray(index, np.int64)]
+        ranks = np.stack([space.task_rank01(self._predict(index, False, model=m), task) for m in self.members])
+        return ranks.std(axis=0)
 
     def _mc_dropout(self, index: np.ndarray) -> tuple[np.ndarray | None, str]:
         """(the sd of the MC-dropout scores of programs `index` or None, the source's name)."""

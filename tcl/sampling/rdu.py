@@ -68,7 +68,7 @@ class RDUSampler(Sampler):
         unc = view.uncertainty(candidates) if w_u > 0 else None
         unc = np.zeros(len(candidates)) if unc is None else unc
         base = w_r * rep + w_u * unc
-        perf = _task_ranks(view.predicted(candidates), state.pool.task[candidates]) if w_p > 0 else None
+        perf = space.task_rank01(view.predicted(candidates), state.pool.task[candidates]) if w_p > 0 else None
         if perf is not None:
             base = base + w_p * perf
         quota = space.allocate_nested(budget, sizes, cell_stratum, keep)
@@ -111,18 +111,6 @@ class RDUSampler(Sampler):
                        **({"performance": float(perf[picked].mean())} if perf is not None else {})},
         })
         return candidates[picked]
-
-
-def _task_ranks(score: np.ndarray | None, task: np.ndarray) -> np.ndarray | None:
-    """Each program's rank01 of `score` among the programs of its task (None: no score)."""
-    if score is None:
-        return None
-    order = np.lexsort((np.asarray(score, np.float64), task))           # by task, then score
-    sizes = np.bincount(task[order])[task[order]]
-    first = np.searchsorted(task[order], task[order])                   # each row's task's first position
-    out = np.zeros(len(score))
-    out[order] = np.where(sizes > 1, (np.arange(len(order)) - first) / np.maximum(sizes - 1, 1), 0.0)
-    return out
 
 
 def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:

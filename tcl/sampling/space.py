@@ -128,6 +128,19 @@ def rank01(values: np.ndarray) -> np.ndarray:
     return ranks / (len(values) - 1)
 
 
+def task_rank01(score: np.ndarray | None, task: np.ndarray) -> np.ndarray | None:
+    """Each program's rank of `score` among the programs of its task, scaled to [0, 1] (1: the
+    highest; a task of one program: 0). None when there is no score."""
+    if score is None:
+        return None
+    order = np.lexsort((np.asarray(score, np.float64), task))           # by task, then score
+    sizes = np.bincount(task[order])[task[order]]
+    first = np.searchsorted(task[order], task[order])                   # each row's task's first position
+    out = np.zeros(len(score))
+    out[order] = np.where(sizes > 1, (np.arange(len(order)) - first) / np.maximum(sizes - 1, 1), 0.0)
+    return out
+
+
 def allocate(total: int, weight: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """`total` picks over clusters in proportion to `weight` (largest remainder), cluster i taking
     at most cap[i]; what a full cluster cannot take goes to the others. (k,) int64."""

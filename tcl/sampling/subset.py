@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from tcl.sampling import Pool, SampleSettings, SamplingError, Selection, make_sampler
+from tcl.sampling.base import given_members
 
 RUN_DEFAULTS = {"strategy": "rdu", "ratio": 0.1, "rounds": 3, "seed": 0}
 
@@ -33,20 +34,21 @@ def budget_of(n: int, ratio: float) -> int:
 
 
 def sample_features(fs, ratio: float, strategy: str, params: dict | None = None, model=None,
-                    rounds: int | None = None, seed: int | None = None, model_ref: str | None = None):
+                    rounds: int | None = None, seed: int | None = None, model_ref: str | list | None = None):
     """(subset FeatureSet, Selection): `ratio` of `fs`'s programs chosen by `strategy`; `model`
-    (a CostModel) serves embedding and uncertainty from the first round."""
+    (a CostModel, or a list of them: an ensemble) serves embedding and uncertainty from the first
+    round."""
     run = run_settings(params)
     rounds = int(run["rounds"] if rounds is None else rounds)
     seed = int(run["seed"] if seed is None else seed)
     if rounds < 1:
         raise SamplingError(f"rounds must be >= 1, got {rounds}")
     settings = SampleSettings.from_params(params)
-    if model is not None:
-        from tcl.features import FeatureKindError
+    from tcl.features import FeatureKindError
 
+    for member in given_members(model):
         try:
-            model.inputs(fs)
+            member.inputs(fs)
         except FeatureKindError as exc:
             raise SamplingError(f"sampling reads step features; {exc}") from None
     budget = budget_of(len(fs), ratio)
