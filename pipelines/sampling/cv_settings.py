@@ -16,7 +16,8 @@ of a fold weighs a handful of tasks).
 
 `run` writes one platform's runs; `summary` pools every platform's: mean ± sd over platforms ×
 folds × seeds, and each candidate paired with the reference on the same platform, fold and seed.
-Settings: `cv:` in pipelines/sampling/params.yaml (platforms, folds, ratios, seeds, candidates).
+Settings: `cv:` in pipelines/sampling/params.yaml (platforms, folds, ratios, seeds, candidates),
+or the section `--section` names (`cv_ensemble:`, a later study with its own stages).
 
 A candidate with `model: sibling` samples with a knowledge base, as `tcl sample --model` does on a
 family's new platform: a Mamba kb trained (seed `kb_seed`) on the whole training split of the
@@ -243,8 +244,10 @@ def main() -> None:
     summary.add_argument("--study-params", default="pipelines/sampling/params.yaml")
     summary.add_argument("--out", required=True)
     summary.add_argument("--markdown", required=True)
+    for p in (run, summary):
+        p.add_argument("--section", default="cv", help="the study params' section with the settings")
     a = ap.parse_args()
-    cv = load_params(a.study_params)["cv"]
+    cv = load_params(a.study_params)[a.section]
     if a.command == "run":
         atomic_write_json(a.out, run_platform(a.platform, load_params(a.params), cv))
         return
