@@ -105,9 +105,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", nargs="+", type=Path, help="study run folders (pipelines/tuning/runs)")
     ap.add_argument("--every", type=int, default=16, help="trials per curve point (the study's batch)")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated cost models to pool (default: all); pool only models run on "
+                         "every occasion, as many runs each: then an occasion's machine speed scales "
+                         "every pooled curve alike and cancels in the ratios")
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args()
-    text = table(pooled(args.roots, args.every))
+    runs = pooled(args.roots, args.every)
+    if args.models:
+        keep = set(args.models.split(","))
+        runs = {task: {m: c for m, c in models.items() if m in keep} for task, models in runs.items()}
+    text = table(runs)
     print(text, end="")
     if args.markdown:
         atomic_write_text(args.markdown, text)
