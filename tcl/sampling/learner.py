@@ -1,7 +1,8 @@
 """The current model's view of a pool (embedding, clusters, uncertainty, predictions) and its
 retraining between rounds: what every model-using strategy reads.
 
-Uncertainty has two sources, each rank-normalised over the programs asked about and averaged:
+Uncertainty has up to three sources, each rank-normalised over the programs asked about and
+averaged:
 
 * MC dropout: the spread (sd) of ``mc_samples`` scores of the current model with its dropout on
   (``CostModel.predict(..., dropout=True)``). With ``mc_dropout`` > 0 a *given* model (``--model``,
