@@ -149,6 +149,11 @@ def test_a_given_model_serves_uncertainty_from_the_first_round(tmp_path):
     summary = _summary(run_tcl(*_args(db, 2, 16, 1, "--model", kb)))
     assert summary["measured"] == 2 and len(_db_programs(db)) == 2
     assert summary["rounds"][0]["uncertainty"] == "mc-dropout"
+    # --model repeated: an ensemble, whose disagreement joins the first model's MC dropout
+    other = tmp_path / "kb-2.pt"
+    new_model("mlp", Featurizer(48).n_features, {"hidden": 16, "n_layers": 1}).save(other)
+    summary = _summary(run_tcl(*_args(tmp_path / "db-ensemble", 2, 16, 1, "--model", kb, "--model", other)))
+    assert summary["measured"] == 2 and summary["rounds"][0]["uncertainty"] == "mc-dropout+ensemble-2"
 
 
 def test_cli_refuses_incomplete_active_requests(tmp_path):

@@ -194,16 +194,17 @@ def _list_tasks(ctx, _param, value) -> None:
                                                        "(default: params.yaml sample.rounds).")
 @click.option("--pool-size", type=int, default=256, show_default=True,
               help="With --sample: candidate programs generated per task.")
-@click.option("--model", "model_ref", default=None,
+@click.option("--model", "model_refs", multiple=True,
               help="With --sample: a cost model whose embedding and uncertainty serve from the first round "
-                   "(checkpoint, training dir or MLflow URI, as `tcl evaluate --model`).")
+                   "(checkpoint, training dir or MLflow URI, as `tcl evaluate --model`); repeated: an "
+                   "ensemble, as `tcl sample --model`.")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="With --sample: params.yaml with the sample: section (and featurize.max_len).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--list-tasks", is_flag=True, is_eager=True, expose_value=False, callback=_list_tasks,
               help="Print the workload and network task names --workload takes, and exit.")
 def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rpc_key,
-            number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_ref, params_path,
+            number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_refs, params_path,
             as_json) -> None:
     """Measure real programs with TVM MetaSchedule into a MetaSchedule database (resumable).
 
@@ -223,7 +224,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
         _fail("give --trials N (or --sample STRATEGY --budget N)")
     if strategy is not None and budget is None:
         _fail("--sample needs --budget N (programs to measure)")
-    if strategy is None and (budget is not None or rounds is not None or model_ref is not None):
+    if strategy is None and (budget is not None or rounds is not None or model_refs):
         _fail("--budget, --rounds and --model need --sample STRATEGY")
     tasks: dict = {}
     try:
@@ -239,7 +240,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     warn_if_other_host(platform, rpc)
     if strategy is not None:
         result = _collect_active(platform, list(tasks.values()), out, settings, rpc,
-                                 strategy, budget, rounds, pool_size, seed, model_ref, params_path)
+                                 strategy, budget, rounds, pool_size, seed, model_refs, params_path)
         click.echo(json.dumps(json_safe(result)) if as_json else
                    f"{platform.name}: {result['measured']} measured now, {result['present']} already present "
                    f"(budget {result['budget']} of a pool of {result['pool']}, {result['strategy']}, "
@@ -260,14 +261,14 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
 
 
 def _collect_active(platform, tasks, out, settings, rpc, strategy, budget, rounds, pool_size, seed,
-                    model_ref, params_path) -> dict:
+                    model_refs, params_path) -> dict:
     """`tcl collect --sample`: the work is in tcl.sampling.active."""
     import tempfile
 
     from ..sampling import SampleSettings, SamplingError
     from ..sampling.active import ActiveSettings, collect_active
     from ..sampling.subset import run_settings
-    from .models import _params, load_model_ref
+    from .models import _params, load_model_refs
 
     params = _params(params_path)
     try:
@@ -278,7 +279,7 @@ def _collect_active(platform, tasks, out, settings, rpc, strategy, budget, round
                             rounds=run_settings(params)["rounds"] if rounds is None else rounds,
                             max_len=int((params.get("featurize") or {}).get("max_len", 48)))
     with tempfile.TemporaryDirectory(prefix="tcl-collect-") as tmp:
-        model = load_model_ref(model_ref, tmp) if model_ref is not None else None
+        model, _ = load_model_refs(model_refs, tmp)
         try:
             return collect_active(platform, tasks, out, active, sample_settings, model=model,
                                   settings=settings, rpc=rpc)

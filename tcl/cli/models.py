@@ -86,6 +86,19 @@ def load_model_ref(ref: str, dst_dir: str | os.PathLike):
         raise click.ClickException(f"cannot load model {ref}: {_reason(exc)}") from None
 
 
+def load_model_refs(refs, dst_dir: str | os.PathLike):
+    """(model, ref) for a sampler from `--model` given 0, 1 or several times: (None, None), (the
+    model, its ref), or (the list of models, the list of refs): an ensemble."""
+    models = []
+    for i, ref in enumerate(refs):  # a folder each: two registry models' artifacts share names
+        dst = Path(dst_dir, str(i))
+        dst.mkdir(parents=True, exist_ok=True)
+        models.append(load_model_ref(ref, dst))
+    if len(models) < 2:
+        return (models[0], refs[0]) if models else (None, None)
+    return models, list(refs)
+
+
 # ---------------------------------------------------------------------------------------------
 # commands
 

@@ -4,14 +4,13 @@ feature set. A thin layer: the work is in tcl.sampling."""
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 
 import click
 
 from ..io import json_safe
 from ..sampling import STRATEGIES
-from .models import _params, load_model_ref, parse_overrides
+from .models import _params, load_model_refs, parse_overrides
 
 
 @click.command()
@@ -54,14 +53,10 @@ def sample(features, ratio, strategy, model_refs, rounds, seed, params_path, set
     except FeatureFileError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="tcl-sample-") as tmp:
-        models = []
-        for i, ref in enumerate(model_refs):  # a folder each: two registry models' artifacts share names
-            os.makedirs(f"{tmp}/{i}")
-            models.append(load_model_ref(ref, f"{tmp}/{i}"))
+        model, model_ref = load_model_refs(model_refs, tmp)
         try:
-            subset, selection = sample_features(
-                fs, float(ratio), strategy, params, model=(models[0] if len(models) == 1 else models or None),
-                rounds=rounds, seed=seed, model_ref=(model_refs[0] if len(model_refs) == 1 else list(model_refs) or None))
+            subset, selection = sample_features(fs, float(ratio), strategy, params, model=model, rounds=rounds,
+                                                seed=seed, model_ref=model_ref)
         except (SamplingError, ValueError) as exc:
             raise click.ClickException(f"{features}: {exc}") from None
     subset.save(out)

@@ -51,7 +51,7 @@ from tcl.collect.workloads import build_workload, describe
 from tcl.hardware import Platform, require_measurable
 from tcl.io import atomic_write_json
 from tcl.sampling import STRATEGIES, Pool, SampleSettings, SamplingError, make_sampler
-from tcl.sampling.base import split_budget
+from tcl.sampling.base import given_members, split_budget
 
 STATE_FILE = "active.json"
 STATE_VERSION = 1
@@ -229,8 +229,9 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     """Measure `active.budget` programs of `tasks` on `platform` chosen by `active.strategy` from
     `active.pool_size` candidates per task, into the MetaSchedule database `out` (resumable).
 
-    `model` (a CostModel, e.g. the family's KB) serves embedding and uncertainty from the first
-    round; without one the first round is cold (RDU: representativeness + diversity). Returns
+    `model` (a CostModel, e.g. the family's KB, or a list of them: an ensemble) serves embedding
+    and uncertainty from the first round; without one the first round is cold (RDU:
+    representativeness + diversity). Returns
     counts: measured now, present before, failed by reason, the pool, and the rounds run now.
     """
     settings = settings or MeasureSettings()
@@ -240,11 +241,11 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     for key in ("budget", "rounds", "pool_size"):
         if int(getattr(active, key)) < 1:
             raise SamplingError(f"{key} must be >= 1, got {getattr(active, key)}")
-    if model is not None:
-        from tcl.models.base import PerStoreCostModel
+    from tcl.models.base import PerStoreCostModel
 
-        if isinstance(model, PerStoreCostModel):
-            raise SamplingError(f"active collection scores step features; model kind {model.kind!r} "
+    for member in given_members(model):
+        if isinstance(member, PerStoreCostModel):
+            raise SamplingError(f"active collection scores step features; model kind {member.kind!r} "
                                 "reads MetaSchedule's per-store features")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
