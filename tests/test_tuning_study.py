@@ -34,3 +34,36 @@ def test_pool_runs_pools_occasions_and_counts_trials_to_the_baseline_latency(tmp
     rows = [line for line in out.read_text().splitlines() if line.startswith("| dense |")]
     assert rows == ["| dense | tcl | xgb | 2 / 2 | 2000.0 / 2000.0 | 2.00x | 1.000 |"], proc.stdout
     assert "| tcl | xgb | 1 | 1 | 2.00x | 1.000 |" in out.read_text()
+
+
+def test_a_metrics_report_pools_as_its_seeds_runs_and_models_filter(tmp_path):
+    """A `tcl bench tune --json` report (per-model curves: the geometric mean over its seeds)
+    counts as that many runs: pooled with other runs it gives the table the runs themselves give.
+    `--models` keeps only the named cost models."""
+    runs, report_dir, other = tmp_path / "runs", tmp_path / "metrics", tmp_path / "other"
+    curves = {"tcl": ([4e-3, 2e-3], [4e-3, 1e-3]), "xgb": ([8e-3, 4e-3], [2e-3, 2e-3]),
+              "random": ([9e-3, 9e-3], [9e-3, 9e-3])}
+    report = {"workload": "dense", "seeds": [0, 1], "curves": {}}
+    for model, (a, b) in curves.items():
+        write_run(runs, "dense", f"{model}-seed0", a)
+        write_run(runs, "dense", f"{model}-seed1", b)
+        report["curves"][model] = {"trials": [1, 2], "seconds": [1.0, 2.0],
+                                   "best_latency_s": [min(a[:i + 1]) ** 0.5 * min(b[:i + 1]) ** 0.5 for i in range(2)]}
+    report_dir.mkdir()
+    (report_dir / "dense.json").write_text(json.dumps(report))
+    write_run(other, "dense", "tcl-seed2", [3e-3, 3e-3])
+    write_run(other, "dense", "xgb-seed2", [5e-3, 2e-3])
+    write_run(other, "dense", "random-seed2", [9e-3, 9e-3])
+
+    def table(*roots, models=None):
+        out = tmp_path / "pooled.md"
+        args = [sys.executable, str(SCRIPT), *map(str, roots), "--every", "1", "--markdown", str(out)]
+        subprocess.run(args + (["--models", models] if models else []), capture_output=True, text=True,
+                       cwd=ROOT, check=True)
+        return out.read_text()
+
+    from_runs = table(runs, other)
+    assert table(report_dir, other) == from_runs
+    assert "| dense | tcl | xgb | 3 / 3 |" in from_runs and "| dense | tcl | random | 3 / 3 |" in from_runs
+    filtered = table(report_dir, other, models="tcl,xgb")
+    assert "random" not in filtered and "| dense | tcl | xgb | 3 / 3 |" in filtered
