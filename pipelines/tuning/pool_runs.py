@@ -65,7 +65,9 @@ def pooled(roots: list[Path], every: int) -> dict:
             report = json.loads(path.read_text())
             for model, curves in report_curves(report, every).items():
                 out.setdefault(report["workload"], {}).setdefault(model, []).extend(curves)
-        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()) if not reports else ():
+        if reports:
+            continue
+        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             for run_dir in sorted(p for p in task_dir.iterdir() if (p / "database_tuning_record.json").exists()):
                 model = run_dir.name.rsplit("-seed", 1)[0]
                 out.setdefault(task_dir.name, {}).setdefault(model, []).append(run_curve(run_dir, every))
