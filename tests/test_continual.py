@@ -248,6 +248,27 @@ def test_bad_selection_metric_and_negative_alpha_are_refused():
         settings({**PARAMS, "continual": {"alpha_task": -1}})
 
 
+def test_ac_init_grow_starts_the_ac_as_the_kb_and_the_schedule_records_it(tmp_path, one_torch_thread, taught_kb):
+    """continual.ac_init grow: the AC starts from the KB's weights (tcl.models.grow), scoring as
+    the KB does before CL; the schedule skips the distilled start and records the growth."""
+    from tcl.continual.schedule import ContinualError, grow_ac
+
+    data = _platform("p1", 1)
+    ac = _model("ac")
+    assert grow_ac(ac, taught_kb, 0.0) == {"noise": 0.0}
+    kb_scores, ac_scores = taught_kb.predict_features(data.valid), ac.predict_features(data.valid)
+    assert np.abs(ac_scores - kb_scores).max() < 1e-4 * max(1.0, float(np.std(kb_scores)))
+
+    params = {**PARAMS, "continual": {**PARAMS["continual"], "ac_init": "grow"}}
+    summary = run_schedule("fam", [_platform("p1", 1), _platform("p2", 2)], params, tmp_path / "out", track=False)
+    first, second = summary["per_platform"]
+    assert "ac_grown" not in first  # no KB yet: a fresh AC
+    assert second["ac_grown"] == {"noise": settings(params)["ac_grow_noise"]} and "ac_init" not in second
+    for bad in ({"ac_init": "copy"}, {"ac_grow_noise": -0.1}):
+        with pytest.raises(ContinualError, match=next(iter(bad))):
+            settings({**PARAMS, "continual": bad})
+
+
 def _negated(model):
     with torch.no_grad():  # the same net with negated scores: it ranks every task backwards
         model.net.head[-1].weight.neg_()

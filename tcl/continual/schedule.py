@@ -7,10 +7,12 @@ For each platform t of a family, in order (``learn_platform``):
    ``ac_init_epochs`` epochs of L_distill(AC ← KB) alone, no labels) on the programs of every seen
    platform whose training data is at hand (the schedule: all; a transfer: the target's subset
    and the sources' training splits when present). The AC is larger than the KB, so weights
-   cannot be copied; distillation hands over the KB's function, and on the target's own programs
-   exactly where the AC is about to learn. Measured: on the target's 10% subset alone (~200
-   programs, a dozen steps) the fresh AC stayed far below the KB. ``ac_init: scratch`` skips it
-   (an ablation).
+   cannot be copied as they are; distillation hands over the KB's function, and on the target's
+   own programs exactly where the AC is about to learn. Measured: on the target's 10% subset
+   alone (~200 programs, a dozen steps) the fresh AC stayed far below the KB. ``ac_init: grow``
+   instead writes the KB's weights into the AC's leading slices (tcl.models.grow: the AC starts
+   scoring as the KB does, its extra units scaled by ``ac_grow_noise``); ``ac_init: scratch``
+   starts from the fresh AC (an ablation).
 2. **CL** (KB frozen): ``L = L_task(AC, D_t) + β·Φ_t(epoch)·L_distill(AC ← KB)`` (tcl.continual.distill).
    Early stopping on D_t's validation set.
 3. **KD** (AC frozen): ``L = L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·Σ_i F_i (θ_i − θ*_i)²``
@@ -77,6 +79,8 @@ DEFAULTS = {
     "phi": dict(DEFAULT_PHI),
     "ac_init": "distill",
     "ac_init_epochs": 5,
+    # ac_init grow: the scale of the grown AC's new connections (tcl.models.grow)
+    "ac_grow_noise": 0.01,
     # which KB leaves KD: target | mean | none (true/false: mean/none); see the module docstring
     "kd_guard": "target",
     # kd_guard target: an earlier platform may lose at most this much of its validation `select`
@@ -98,6 +102,7 @@ DEFAULTS = {
     "target_pool": False,
 }
 KD_GUARDS = ("target", "mean", "none")
+AC_INITS = ("distill", "grow", "scratch")
 MODEL_FILE = "model.pt"
 SUMMARY_FILE = "continual.json"
 RUN_FILE = "mlflow_run.json"  # as tcl.experiments writes it: `tcl register` finds the run here
@@ -115,8 +120,10 @@ def settings(params: dict) -> dict:
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise ContinualError(f"unknown continual settings: {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
-    if cfg["ac_init"] not in ("distill", "scratch"):
-        raise ContinualError(f"continual.ac_init must be distill or scratch, not {cfg['ac_init']!r}")
+    if cfg["ac_init"] not in AC_INITS:
+        raise ContinualError(f"continual.ac_init must be one of {', '.join(AC_INITS)}, not {cfg['ac_init']!r}")
+    if not float(cfg["ac_grow_noise"]) >= 0:
+        raise ContinualError(f"continual.ac_grow_noise must be >= 0, not {cfg['ac_grow_noise']!r}")
     phi_at(0, 0.0, cfg["phi"])  # validates the constants
     if not float(cfg["alpha_task"]) >= 0:
         raise ContinualError(f"continual.alpha_task must be >= 0, not {cfg['alpha_task']!r}")
@@ -328,6 +335,18 @@ def init_ac(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tra
     return log.rows
 
 
+def grow_ac(ac, kb, noise: float) -> dict:
+    """The AC as the KB grown to the AC's sizes (tcl.models.grow): it starts scoring exactly as
+    the KB does, its extra units scaled by `noise`. Returns what the report records."""
+    from tcl.models.grow import GrowError, grow_mamba
+
+    try:
+        grow_mamba(kb.net, ac.net, noise)
+    except GrowError as exc:
+        raise ContinualError(f"continual.ac_init grow: {exc}") from None
+    return {"noise": noise}
+
+
 def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, train_params: dict,
              out_dir, track: bool = False) -> dict:
     """Train the AC on D_t: L_task + β·Φ_t(epoch)·L_distill(AC ← KB), the KB frozen (None: the
@@ -469,7 +488,9 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     report: dict = {"platform": data.platform, "runs": {}}
 
     ac = new_net_model(params, cfg, "ac", n_features, meta, seed)
-    if kb is not None and cfg["ac_init"] == "distill" and int(cfg["ac_init_epochs"]) > 0:
+    if kb is not None and cfg["ac_init"] == "grow":
+        report["ac_grown"] = grow_ac(ac, kb, float(cfg["ac_grow_noise"]))
+    elif kb is not None and cfg["ac_init"] == "distill" and int(cfg["ac_init_epochs"]) > 0:
         with _phase_run(track, f"ac-init-{data.platform}", {"phase": "ac-init", "platform": data.platform,
                                                             "data": data.train_file, **_flat("train", cl_p)}) as run:
             report["ac_init"] = init_ac(ac, kb, data, seen, cfg, cl_p, out_dir / f"{step:02d}-ac-init-{data.platform}",
