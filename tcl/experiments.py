@@ -49,14 +49,18 @@ def load_sets(paths) -> list:
         raise JobError(str(exc)) from None
 
 
-def check_inputs(model_cls, paths, sets) -> None:
-    """JobError naming the file when a model kind cannot read a feature set (the other kind of
-    features: ``CostModel.inputs`` refuses it)."""
+def check_inputs(model, paths, sets) -> None:
+    """JobError naming the file when a model cannot read a feature set: a model class, when the
+    features are of the other kind (``CostModel.inputs``); a trained model, also when their width,
+    version or vocabulary differ from what it was trained on (``CostModel.check_features``)."""
     from tcl.features import FeatureKindError
 
     for path, fs in zip(paths, sets):
         try:
-            model_cls.inputs(fs)
+            if isinstance(model, type):
+                model.inputs(fs)
+            else:
+                model.check_features(fs)
         except FeatureKindError as exc:
             raise JobError(f"{path}: {exc}") from None
 

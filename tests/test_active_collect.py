@@ -162,6 +162,8 @@ def test_cli_refuses_incomplete_active_requests(tmp_path):
     assert proc.returncode == 2 and "--sample needs --budget" in proc.stderr
     proc = run_tcl(*base, "--budget", "4", "--trials", "4", check=False)
     assert proc.returncode == 2 and "need --sample" in proc.stderr
+    proc = run_tcl(*base, "--sample", "rdu", "--budget", "4", "--trials", "4", check=False)  # --trials ignored
+    assert proc.returncode == 2 and "--trials is a plain collection's" in proc.stderr
     proc = run_tcl(*base, check=False)
     assert proc.returncode == 2 and "give --trials" in proc.stderr
     assert not (tmp_path / "db").exists()

@@ -88,6 +88,17 @@ def test_kd_keeps_the_ac_bit_identical_and_trains_the_kb_under_ewc(tmp_path, one
     assert not _same(_state(kb), kb_before)
     assert all(r["loss_task"] == 0 and r["loss_ewc"] >= 0 and "loss_distill" in r for r in res["epochs"])
     assert state.platforms == ["p0", "p1"]
+    assert kb.feature_meta["platforms"] == ["p0", "p1"]
+
+
+def test_kd_keeps_the_platforms_a_kb_without_ewc_state_already_knew(tmp_path, one_torch_thread, taught_kb):
+    """A KB trained without CKD (no EWC state) names its platforms only in feature_meta: the KB
+    after KD knows them and the target, not the target alone."""
+    cfg, data = {**settings(PARAMS), "kd_guard": "none"}, _platform("p1", 1)
+    kb = load_model_copy(taught_kb, tmp_path)
+    kb.feature_meta = {**kb.feature_meta, "platforms": ["p0", "q0"]}
+    kd_phase(kb, _model("ac", seed=1), data, [data], None, cfg, TRAIN, tmp_path / "kd")
+    assert kb.feature_meta["platforms"] == ["p0", "q0", "p1"]
 
 
 def _ordered_by(model, fs):

@@ -227,6 +227,21 @@ def test_tune_refuses_bad_arguments(tmp_path, store):
                "--rpc-tracker", "127.0.0.1:9190")
     assert res.exit_code == 2 and "--rpc-tracker needs --rpc-key" in res.output
     assert not (tmp_path / "r").exists()
+    # a key without a tracker would measure here, silently
+    res = tune("--workload", "dense_64", "--cost-model", "random", "--out", tmp_path / "r", "--rpc-key", "k")
+    assert res.exit_code == 2 and "--rpc-key needs --rpc-tracker" in res.output
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "0", "--workload", "dense_64",
+                                    "--cost-model", "random", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "--trials" in res.output
+    # a bad tasks.json beside a workload database: the error names it
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "database_workload.json").write_text((fixture_path("metaschedule/dense_256") / "database_workload.json")
+                                               .read_text())
+    (db / "tasks.json").write_text("{not json")
+    res = tune("--workload-db", db, "--cost-model", "random", "--out", tmp_path / "o")
+    assert res.exit_code == 2 and f"{db / 'tasks.json'}: not a tasks.json" in res.output, res.output
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
 
 
 def test_study_ratios_by_hand():

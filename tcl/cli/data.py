@@ -134,7 +134,8 @@ def _settings(measure: dict | None):
     return MeasureSettings(**(measure or {}))
 
 
-def _rpc(tracker: str | None, key: str | None):
+def rpc_settings(tracker: str | None, key: str | None):
+    """`--rpc-tracker`/`--rpc-key` as RpcSettings (None: measure here); a usage error if malformed."""
     from ..collect.measure import RpcSettings
 
     try:
@@ -226,6 +227,9 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
         _fail("--sample needs --budget N (programs to measure)")
     if strategy is None and (budget is not None or rounds is not None or model_refs):
         _fail("--budget, --rounds and --model need --sample STRATEGY")
+    if strategy is not None and trials is not None:  # it would be silently ignored
+        _fail("--trials is a plain collection's programs per task; with --sample, --budget and "
+              "--pool-size say how many are measured and offered")
     tasks: dict = {}
     try:
         for name in workload:
@@ -236,7 +240,7 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     except KeyError as exc:
         _fail(exc.args[0])
     settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
-    rpc = _rpc(rpc_tracker, rpc_key)
+    rpc = rpc_settings(rpc_tracker, rpc_key)
     warn_if_other_host(platform, rpc)
     if strategy is not None:
         result = _collect_active(platform, list(tasks.values()), out, settings, rpc,

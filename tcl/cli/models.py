@@ -172,7 +172,7 @@ def evaluate(model_ref, data, out, label, as_json):
     with tempfile.TemporaryDirectory(prefix="tcl-eval-") as tmp:
         model = load_model_ref(model_ref, tmp)
         try:
-            check_inputs(type(model), data, sets)
+            check_inputs(model, data, sets)
         except JobError as exc:
             raise click.ClickException(str(exc)) from None
         result = evaluate_model(model, sets)

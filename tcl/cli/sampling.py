@@ -46,7 +46,11 @@ def sample(features, ratio, strategy, model_refs, rounds, seed, params_path, set
     strategy = strategy or run["strategy"]
     if strategy not in STRATEGIES:
         raise click.ClickException(f"{params_path}: sample.strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if not 0 < float(ratio) <= 1:
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):  # e.g. sample.ratio of a params file, or --set ratio=...
+        raise click.ClickException(f"the sampling ratio must be a number in (0, 1], got {ratio!r}") from None
+    if not 0 < ratio <= 1:
         raise click.ClickException(f"--ratio must be in (0, 1], got {ratio}")
     try:  # the step features stay in the file, read in row slices: pools larger than memory
         fs = load_feature_set(features, stored_x=True)

@@ -15,15 +15,6 @@ def _fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-def _rpc(tracker: str | None, key: str | None):
-    from ..collect.measure import RpcSettings
-
-    try:
-        return RpcSettings.from_options(tracker, key)
-    except ValueError as e:
-        _fail(str(e))
-
-
 def _tasks(workload, workload_db, task_index, network):
     """The TuneTasks of exactly one of --workload / --workload-db / --network."""
     from ..collect.networks import network_tasks
@@ -57,7 +48,8 @@ def _tasks(workload, workload_db, task_index, network):
               help="Every workload of a MetaSchedule database (its folder or database_workload.json).")
 @click.option("--task-index", type=int, default=None, help="Only workload I (0-based) of --workload-db.")
 @click.option("--network", default=None, help="Every task of a network, weighted by its occurrences.")
-@click.option("--trials", type=int, required=True, help="Measurements in all (MetaSchedule's global budget).")
+@click.option("--trials", type=click.IntRange(min=1), required=True,
+              help="Measurements in all (MetaSchedule's global budget).")
 @click.option("--cost-model", "cost_model", type=click.Choice(["tcl", "xgb", "mlp", "random"]), required=True)
 @click.option("--model", default=None,
               help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production); "
@@ -79,15 +71,16 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
          out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
-    from ..hardware import get_platform
-    from .data import warn_if_other_host
+    from ..hardware import get_platform, require_measurable
+    from .data import rpc_settings, warn_if_other_host
 
     try:
         platform = get_platform(platform_name)
+        require_measurable(platform)  # before an MLflow run is opened for a job that cannot start
     except (KeyError, ValueError) as exc:
         _fail(exc.args[0])
     tasks = _tasks(workload, workload_db, task_index, network)
-    rpc = _rpc(rpc_tracker, rpc_key)
+    rpc = rpc_settings(rpc_tracker, rpc_key)
     warnings = warn_if_other_host(platform, rpc)
     settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     from .. import tracking

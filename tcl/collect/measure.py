@@ -56,8 +56,11 @@ class RpcSettings:
 
     @classmethod
     def from_options(cls, tracker: str | None, key: str | None) -> "RpcSettings | None":
-        """`--rpc-tracker HOST:PORT` and `--rpc-key KEY` -> settings (None without a tracker)."""
+        """`--rpc-tracker HOST:PORT` and `--rpc-key KEY` -> settings (None without either)."""
         if not tracker:
+            if key:  # measuring here while the user thinks a remote device is used
+                raise ValueError("--rpc-key needs --rpc-tracker HOST:PORT (without it the programs "
+                                 "would be measured on this machine)")
             return None
         if not key:
             raise ValueError("--rpc-tracker needs --rpc-key")

@@ -391,6 +391,7 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
         extra["ewc"] = lambda batch, scores, model: lam * ewc.penalty(model.net)
     valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
     start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
+    known = list(kb.feature_meta.get("platforms") or [])
     metric, mode = cfg["select"], (cfg["kd_guard"] if ewc is not None else "none")
     guard = TargetGuard(kb, data, seen, metric, float(cfg["kd_guard_tolerance"])) if mode == "target" else None
     start_valid = _mean_metric(kb, valid, metric) if mode == "mean" else None
@@ -414,7 +415,9 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
         report.update({"start_valid": start_valid, "end_valid": end_valid})
     state = absorb(ewc, kb, estimate_fisher(kb, data.train, train_params), data.platform)
     state.attach(kb)
-    kb.feature_meta = {**kb.feature_meta, "platforms": list(state.platforms)}
+    # the platforms the KB knows: those it named before KD (training renamed them D_t's; a KB
+    # trained without CKD has no EWC state to list them), then the EWC state's
+    kb.feature_meta = {**kb.feature_meta, "platforms": known + [p for p in state.platforms if p not in known]}
     return state, {"epochs": log.rows, "kept_start": kept, **report}
 
 
@@ -677,11 +680,17 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
     if target.pool is not None and target.pool.platform != target.platform:
         raise ContinualError(f"{target_pool} holds programs of platform {target.pool.platform!r}, "
                              f"not the target {target.platform!r}")
-    for part, fs in (("target data", target.train), ("target valid", target.valid), ("target test", target.test),
-                     ("target pool", target.pool)):
-        if fs is not None and int(fs.x.shape[2]) != kb.n_features:
-            raise ContinualError(f"{part} of {target.platform!r} has {fs.x.shape[2]} features per step; the KB "
-                                 f"reads {kb.n_features} (featurized with another vocabulary or version)")
+    if len(target.train) == 0:  # before the sources' Fisher information and an MLflow run
+        raise ContinualError(f"{target_data}: no programs to learn from")
+    from tcl.features import FeatureKindError
+
+    for path, fs in ((target_data, target.train), (target_valid, target.valid), (target_test, target.test),
+                     (target_pool, target.pool)):
+        try:
+            if fs is not None:
+                kb.check_features(fs, str(path))
+        except FeatureKindError as exc:
+            raise ContinualError(f"the KB cannot learn from {exc}") from None
     explicit = sources is not None
     source_names = list(sources) if explicit else default_sources(family, target.platform)
     notes = family_warnings(family, list(kb.feature_meta.get("platforms") or []),

@@ -57,6 +57,33 @@ class CostModel(abc.ABC):
                                    f"{type(fs).__name__} of platform {fs.platform!r}")
         return fs.x, fs.mask
 
+    def check_features(self, fs, source: str = "") -> None:
+        """FeatureKindError unless `fs` holds features this model reads: its kind (``inputs``) and,
+        for step sequences, the width, featurizer version and vocabulary it was trained on (each
+        compared where both sides record it). `source` (a file name) leads the message."""
+        from tcl.export import features_vocab_hash
+        from tcl.features import FeatureKindError
+
+        where = f"{source}: " if source else ""
+        try:
+            self.inputs(fs)
+        except FeatureKindError as exc:
+            raise FeatureKindError(f"{where}{exc}") from None
+        if not hasattr(fs, "x"):
+            return
+        mine, theirs = self.feature_meta, dict(getattr(fs, "meta", None) or {})
+        if int(fs.x.shape[2]) != self.n_features:
+            raise FeatureKindError(f"{where}{fs.x.shape[2]} features per step; the model reads {self.n_features} "
+                                   "(featurized with another vocabulary or version)")
+        mv, tv = str(mine.get("feature_version") or ""), str(theirs.get("feature_version") or "")
+        if mv and tv and mv != tv:
+            raise FeatureKindError(f"{where}features of version {tv!r}; the model was trained on {mv!r}: "
+                                   "re-featurize them with this tcl")
+        mh, th = features_vocab_hash(mine), features_vocab_hash(theirs)
+        if mh and th and mh != th:
+            raise FeatureKindError(f"{where}featurizer vocabulary differs from the one the model was trained "
+                                   "with (vocab_hash mismatch)")
+
     # -- inference ------------------------------------------------------------------------
     @abc.abstractmethod
     def predict(self, x: np.ndarray, mask: np.ndarray, dropout: bool | float = False) -> np.ndarray:

@@ -27,6 +27,7 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -243,10 +244,19 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
             raise SamplingError(f"{key} must be >= 1, got {getattr(active, key)}")
     from tcl.models.base import PerStoreCostModel
 
+    from tcl.features import FeatureKindError, Featurizer
+
+    featurizer = Featurizer(active.max_len)  # what the candidates will be featurized with
+    candidates_like = SimpleNamespace(x=np.zeros((0, active.max_len, featurizer.n_features), np.float32),
+                                      meta=featurizer.meta, platform=platform.name)
     for member in given_members(model):
         if isinstance(member, PerStoreCostModel):
             raise SamplingError(f"active collection scores step features; model kind {member.kind!r} "
                                 "reads MetaSchedule's per-store features")
+        try:
+            member.check_features(candidates_like)
+        except FeatureKindError as exc:
+            raise SamplingError(f"the model cannot score the candidates: {exc}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run = ActiveCollection(platform, tasks, out, active, settings, rpc, progress)

@@ -48,9 +48,9 @@ def sample_features(fs, ratio: float, strategy: str, params: dict | None = None,
 
     for member in given_members(model):
         try:
-            member.inputs(fs)
+            member.check_features(fs)
         except FeatureKindError as exc:
-            raise SamplingError(f"sampling reads step features; {exc}") from None
+            raise SamplingError(f"the model cannot score these programs: {exc}") from None
     budget = budget_of(len(fs), ratio)
     latency = np.asarray(fs.latency, np.float64)
 

@@ -60,7 +60,12 @@ def workload_tasks(db_path: str | os.PathLike, index: int | None = None) -> list
     path = Path(db_path)
     wl_path = path if path.is_file() else _existing(path / "database_workload.json")
     meta_path = wl_path.parent / "tasks.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except ValueError as exc:  # json's decode error names no file
+        raise ValueError(f"{meta_path}: not a tasks.json ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: not a tasks.json (a JSON object by workload hash expected)")
     tasks = []
     for lineno, line in enumerate(_lines(wl_path), start=1):
         if not line.strip():
@@ -140,7 +145,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
     out = Path(out)
-    cores = max(1, int(platform.target.get("num-cores", 1)))
+    # the search's threads: the target's cores, else the threads the platform measures with
+    cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
     cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune)
     runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
