@@ -451,13 +451,18 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
     assert not any("--target-valid" in w for w in nxt["warnings"])
 
-    # without validation programs it still runs, and says what is judged on what
+    # without validation programs it still runs, and says what is judged on what; --from takes a
+    # runs:/ URI as `tcl evaluate --model` does
+    with mlflow.start_run(run_name="a-kb-artifact") as run:
+        mlflow.log_artifact(str(tmp_path / "new" / "model.pt"), artifact_path="kb")
+    from_run = f"runs:/{run.info.run_id}/kb/model.pt"
     bare = ["transfer", "--family", "x86-sse", "--target-data", files["x86-sse-t2"], "--splits", tmp_path / "splits",
-            "--params", tmp_path / "params.yaml", "--out", tmp_path / "bare", "--no-track", "--json"]
+            "--params", tmp_path / "params.yaml", "--out", tmp_path / "bare", "--from", from_run, "--no-track", "--json"]
     res = CliRunner().invoke(main, [str(a) for a in bare])
     assert res.exit_code == 0, res.output
     assert "warning: no --target-valid: the KD guard judges the target on its training programs" in res.stderr
-    assert any("no --target-valid" in w for w in json.loads(res.stdout.strip().splitlines()[-1])["warnings"])
+    bare_out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert any("no --target-valid" in w for w in bare_out["warnings"]) and bare_out["start"] == from_run
 
 
 def test_pipeline_ckd_stage_writes_the_family_kb_and_its_plots(tmp_path, store, one_torch_thread):

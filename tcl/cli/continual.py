@@ -32,7 +32,7 @@ def _params(path: str) -> dict:
               help="the new platform's unmeasured programs (a feature set, e.g. the pool the subset was "
                    "sampled from; labels never read): the distillation terms run on them too")
 @click.option("--from", "start", default=None,
-              help="KB to start from: a checkpoint, a training dir or models:/tcl-kb-F@alias "
+              help="KB to start from: a checkpoint, a training dir, runs:/<run_id>/<path> or models:/tcl-kb-F@alias "
                    "(default: models:/tcl-kb-FAMILY@production, else @candidate)")
 @click.option("--sources", default=None,
               help="comma-joined source platforms (default: the family's platforms in the hardware registry)")
@@ -67,9 +67,14 @@ def transfer(family, target_data, target_valid, target_test, target_pool, start,
     source_list = [s.strip() for s in sources.split(",") if s.strip()] if sources is not None else None
     try:
         with tempfile.TemporaryDirectory(prefix="tcl-transfer-") as tmp:
-            ckpt, info = registry.kb_checkpoint(start, family, tmp)
+            local = start
+            if start is not None and str(start).startswith("runs:/"):  # as `tcl evaluate --model` takes it
+                from tcl.cli.models import resolve_model
+
+                local = str(resolve_model(start, tmp))
+            ckpt, info = registry.kb_checkpoint(local, family, tmp)
             start_family = info.get("family") if "version" in info else None
-            start_ref = info.get("model_uri") or info.get("source") or str(ckpt)
+            start_ref = info.get("model_uri") or start or str(ckpt)
             summary = run_transfer(ckpt, family, target_data, params, out, target_valid=target_valid,
                                    target_test=target_test, target_pool=target_pool,
                                    sources=source_list, splits_dir=splits_dir,
