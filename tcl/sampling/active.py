@@ -242,9 +242,8 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     for key in ("budget", "rounds", "pool_size"):
         if int(getattr(active, key)) < 1:
             raise SamplingError(f"{key} must be >= 1, got {getattr(active, key)}")
-    from tcl.models.base import PerStoreCostModel
-
     from tcl.features import FeatureKindError, Featurizer
+    from tcl.models.base import PerStoreCostModel
 
     featurizer = Featurizer(active.max_len)  # what the candidates will be featurized with
     candidates_like = SimpleNamespace(x=np.zeros((0, active.max_len, featurizer.n_features), np.float32),
