@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tcl.features import features_vocab_hash
 from tcl.io import atomic_path, file_sha256
 
 INT_KEYS = ("max_len", "n_features", "opset")
@@ -49,18 +50,6 @@ def default_opset() -> int:
         return int((load_params(required=False).get("export") or {}).get("opset", 17))
     except (ParamsError, ValueError, TypeError):
         return 17
-
-
-def vocab_hash(vocab) -> str:
-    """``tcl.features.vocabulary_hash`` of `vocab`; "" when there is none."""
-    from tcl.features import vocabulary_hash
-
-    return vocabulary_hash(vocab) if vocab else ""
-
-
-def features_vocab_hash(feature_meta: dict) -> str:
-    """The vocabulary hash of a FeatureSet/featurizer meta: its ``vocab_hash``, else computed."""
-    return str(feature_meta.get("vocab_hash") or vocab_hash(feature_meta.get("vocab")))
 
 
 def example_inputs(batch: int, length: int, n_features: int, seed: int = 0, min_length: int = 1):

@@ -54,6 +54,13 @@ def vocabulary_hash(vocab: dict | None = None) -> str:
     return hashlib.sha1(json.dumps(vocab or vocabulary(), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def features_vocab_hash(feature_meta: dict) -> str:
+    """The vocabulary hash of a FeatureSet/featurizer meta: its ``vocab_hash``, else computed from
+    its ``vocab``; "" when it records neither."""
+    vocab = feature_meta.get("vocab")
+    return str(feature_meta.get("vocab_hash") or (vocabulary_hash(vocab) if vocab else ""))
+
+
 class Featurizer:
     """Steps -> (N, L, F) float32 tensor + (N, L) bool mask.
 

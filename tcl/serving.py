@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tcl.export import features_vocab_hash, parse_metadata
+from tcl.export import parse_metadata
+from tcl.features import features_vocab_hash
 from tcl.registry import PREFIX, TclRegistryError
 from tcl.runtime import DEFAULT_THREADS, FusedOpsUnavailable, fuse_ops, inference_session
 

@@ -61,8 +61,7 @@ class CostModel(abc.ABC):
         """FeatureKindError unless `fs` holds features this model reads: its kind (``inputs``) and,
         for step sequences, the width, featurizer version and vocabulary it was trained on (each
         compared where both sides record it). `source` (a file name) leads the message."""
-        from tcl.export import features_vocab_hash
-        from tcl.features import FeatureKindError
+        from tcl.features import FeatureKindError, features_vocab_hash
 
         where = f"{source}: " if source else ""
         try:

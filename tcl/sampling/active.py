@@ -247,7 +247,8 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
 
     featurizer = Featurizer(active.max_len)  # what the candidates will be featurized with
     candidates_like = SimpleNamespace(x=np.zeros((0, active.max_len, featurizer.n_features), np.float32),
-                                      meta=featurizer.meta, platform=platform.name)
+                                      mask=np.zeros((0, active.max_len), bool), meta=featurizer.meta,
+                                      platform=platform.name)
     for member in given_members(model):
         if isinstance(member, PerStoreCostModel):
             raise SamplingError(f"active collection scores step features; model kind {member.kind!r} "
