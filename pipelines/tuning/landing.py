@@ -13,22 +13,13 @@ databases, records in measurement order).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from statistics import median
 
+from pool_runs import latencies  # this folder's (the script's directory is on sys.path)
+
 from tcl.io import atomic_write_text
-from tcl.records import FAILED_LATENCY
-
-
-def latencies(db: Path) -> list[float]:
-    """Mean measured latency of each record in measurement order (inf: failed)."""
-    out = []
-    for line in (db / "database_tuning_record.json").read_text().splitlines():
-        secs = [float(s) for s in json.loads(line)[1][1] or []]
-        out.append(sum(secs) / len(secs) if secs and max(secs) < FAILED_LATENCY else math.inf)
-    return out
 
 
 def landing(roots: list[Path], windows: list[int]) -> list[dict]:

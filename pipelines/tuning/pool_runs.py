@@ -29,15 +29,22 @@ from tcl.io import atomic_write_text
 from tcl.records import FAILED_LATENCY
 
 
+def latencies(db: Path) -> list[float]:
+    """Mean measured latency of each record of a run's database, in measurement order (inf: failed)."""
+    out = []
+    for line in (db / "database_tuning_record.json").read_text().splitlines():
+        secs = [float(s) for s in json.loads(line)[1][1] or []]
+        out.append(sum(secs) / len(secs) if secs and max(secs) < FAILED_LATENCY else math.inf)
+    return out
+
+
 def run_curve(db: Path, every: int) -> dict:
     """Best mean latency after every `every` trials of one run (inf: nothing valid yet)."""
     best, curve_trials, curve_best = math.inf, [], []
-    lines = (db / "database_tuning_record.json").read_text().splitlines()
-    for n, line in enumerate(lines, 1):
-        secs = [float(s) for s in json.loads(line)[1][1] or []]
-        if secs and max(secs) < FAILED_LATENCY:
-            best = min(best, sum(secs) / len(secs))
-        if n % every == 0 or n == len(lines):
+    lats = latencies(db)
+    for n, latency in enumerate(lats, 1):
+        best = min(best, latency)
+        if n % every == 0 or n == len(lats):
             curve_trials.append(n)
             curve_best.append(best)
     return {"trials": curve_trials, "best": curve_best, "seconds": curve_trials}
