@@ -704,8 +704,12 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         if d.train is None and d.valid is None and d.test is None:
             notes.append(f"source {name!r}: no data under {Path(splits_dir) / name}; not evaluated")
             continue
-        if any(int(fs.x.shape[2]) != kb.n_features for fs in (d.train, d.valid, d.test) if fs is not None):
-            notes.append(f"source {name!r}: features of another shape than the KB's; not evaluated")
+        try:
+            for fs in (d.train, d.valid, d.test):
+                if fs is not None:
+                    kb.check_features(fs)
+        except FeatureKindError as exc:
+            notes.append(f"source {name!r}: {exc}; not evaluated")
             continue
         src.append(d)
 

@@ -59,28 +59,34 @@ class CostModel(abc.ABC):
 
     def check_features(self, fs, source: str = "") -> None:
         """FeatureKindError unless `fs` holds features this model reads: its kind (``inputs``) and,
-        for step sequences, the width, featurizer version and vocabulary it was trained on (each
-        compared where both sides record it). `source` (a file name) leads the message."""
-        from tcl.features import FeatureKindError, features_vocab_hash
+        for step sequences, what ``check_step_features`` compares. `source` (a file name) leads
+        the message."""
+        from tcl.features import FeatureKindError
 
-        where = f"{source}: " if source else ""
         try:
             self.inputs(fs)
+            if hasattr(fs, "x"):
+                self.check_step_features(dict(getattr(fs, "meta", None) or {}), int(fs.x.shape[2]))
         except FeatureKindError as exc:
-            raise FeatureKindError(f"{where}{exc}") from None
-        if not hasattr(fs, "x"):
-            return
-        mine, theirs = self.feature_meta, dict(getattr(fs, "meta", None) or {})
-        if int(fs.x.shape[2]) != self.n_features:
-            raise FeatureKindError(f"{where}{fs.x.shape[2]} features per step; the model reads {self.n_features} "
+            raise FeatureKindError(f"{source}: {exc}" if source else str(exc)) from None
+
+    def check_step_features(self, meta: dict, width: int) -> None:
+        """FeatureKindError unless step features of `width` made as `meta` records (a FeatureSet's
+        or a Featurizer's meta) are those this model was trained on: the width, and the featurizer
+        version and vocabulary, each compared where both sides record it."""
+        from tcl.features import FeatureKindError, features_vocab_hash
+
+        mine = self.feature_meta
+        if int(width) != self.n_features:
+            raise FeatureKindError(f"{width} features per step; the model reads {self.n_features} "
                                    "(featurized with another vocabulary or version)")
-        mv, tv = str(mine.get("feature_version") or ""), str(theirs.get("feature_version") or "")
+        mv, tv = str(mine.get("feature_version") or ""), str(meta.get("feature_version") or "")
         if mv and tv and mv != tv:
-            raise FeatureKindError(f"{where}features of version {tv!r}; the model was trained on {mv!r}: "
+            raise FeatureKindError(f"features of version {tv!r}; the model was trained on {mv!r}: "
                                    "re-featurize them with this tcl")
-        mh, th = features_vocab_hash(mine), features_vocab_hash(theirs)
+        mh, th = features_vocab_hash(mine), features_vocab_hash(meta)
         if mh and th and mh != th:
-            raise FeatureKindError(f"{where}featurizer vocabulary differs from the one the model was trained "
+            raise FeatureKindError("featurizer vocabulary differs from the one the model was trained "
                                    "with (vocab_hash mismatch)")
 
     # -- inference ------------------------------------------------------------------------

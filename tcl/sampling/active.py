@@ -27,7 +27,6 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -246,15 +245,12 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     from tcl.models.base import PerStoreCostModel
 
     featurizer = Featurizer(active.max_len)  # what the candidates will be featurized with
-    candidates_like = SimpleNamespace(x=np.zeros((0, active.max_len, featurizer.n_features), np.float32),
-                                      mask=np.zeros((0, active.max_len), bool), meta=featurizer.meta,
-                                      platform=platform.name)
     for member in given_members(model):
         if isinstance(member, PerStoreCostModel):
             raise SamplingError(f"active collection scores step features; model kind {member.kind!r} "
                                 "reads MetaSchedule's per-store features")
         try:
-            member.check_features(candidates_like)
+            member.check_step_features(featurizer.meta, featurizer.n_features)
         except FeatureKindError as exc:
             raise SamplingError(f"the model cannot score the candidates: {exc}") from None
     out = Path(out)
