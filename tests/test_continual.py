@@ -280,6 +280,38 @@ def test_ac_init_grow_starts_the_ac_as_the_kb_and_the_schedule_records_it(tmp_pa
             settings({**PARAMS, "continual": bad})
 
 
+def test_replay_draws_earlier_platforms_programs_and_both_phases_learn_from_them(tmp_path, one_torch_thread):
+    """continual.replay: a later platform's CL and KD also train on up to replay x |D_t| of each
+    earlier platform's measured training programs (seeded draws of that platform's own programs,
+    one set per platform); the schedule records what it rehearsed, and the KB it ends with differs
+    from the one without rehearsal. The first platform rehearses nothing (nothing came before)."""
+    from tcl.continual.schedule import ContinualError, replay_sets
+
+    p1, p2, p3 = _platform("p1", 1), _platform("p2", 2), _platform("p3", 3)
+    p3.train = p3.train.subset(np.arange(40))
+    sets = replay_sets(p3, [p1, p2, p3], 0.5, seed=0)
+    assert [fs.platform for fs in sets] == ["p1", "p2"] and [len(fs) for fs in sets] == [20, 20]
+    rows = {tuple(r) for r in p1.train.x.reshape(len(p1.train), -1).tolist()}
+    assert all(tuple(r) in rows for r in sets[0].x.reshape(20, -1).tolist())  # p1's own programs
+    again, other = replay_sets(p3, [p1, p2, p3], 0.5, seed=0), replay_sets(p3, [p1, p2, p3], 0.5, seed=1)
+    assert np.array_equal(again[0].x, sets[0].x) and not np.array_equal(other[0].x, sets[0].x)
+    assert [len(fs) for fs in replay_sets(p3, [p1, p3], 100.0, seed=0)] == [len(p1.train)]  # at most all
+    assert replay_sets(p3, [p1, p3], 0.0, seed=0) == []
+
+    def schedule(replay, tag):
+        params = {**PARAMS, "continual": {**PARAMS["continual"], "replay": replay, "kd_guard": "none"}}
+        return run_schedule("fam", [_platform("p1", 1), _platform("p2", 2)], params, tmp_path / tag, track=False)
+
+    with_replay, without = schedule(0.5, "replay"), schedule(0.0, "plain")
+    first, second = with_replay["per_platform"]
+    assert "replay" not in first and second["replay"] == {"p1": round(0.5 * len(_platform("p2", 2).train))}
+    assert "replay" not in without["per_platform"][1]
+    kb_replay, kb_plain = load_model(with_replay["checkpoint"]), load_model(without["checkpoint"])
+    assert not _same(_state(kb_replay), _state(kb_plain))
+    with pytest.raises(ContinualError, match="replay"):
+        settings({**PARAMS, "continual": {"replay": -1}})
+
+
 def _negated(model):
     with torch.no_grad():  # the same net with negated scores: it ranks every task backwards
         model.net.head[-1].weight.neg_()

@@ -5,7 +5,7 @@ XGBoost, online) spends its late batches near the best; one that does not keeps 
 candidates it ranks high but the task does not.
 
 Each ROOT is a study's runs folder (one folder per task, `<model>-seed<s>` inside: the tuning
-databases, records in measurement order).
+databases, records in measurement order); a model's runs in several ROOTs (occasions) are pooled.
 
     python pipelines/tuning/landing.py pipelines/tuning/runs-long --windows 0,64,128,256
 """
@@ -23,27 +23,27 @@ from tcl.io import atomic_write_text
 
 
 def landing(roots: list[Path], windows: list[int]) -> list[dict]:
-    """One row per (task, model, window): median / best over the model's runs, and the count
-    within 2 % of each run's own best."""
-    rows = []
+    """One row per (task, model, window), a model's runs pooled over every root (occasion):
+    median / best over its runs, and the count within 2 % of each run's own best."""
+    runs: dict = {}
     for root in roots:
-        for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            by_model: dict = {}
+        for task_dir in (p for p in root.iterdir() if p.is_dir()):
             for run in sorted(p for p in task_dir.iterdir() if (p / "database_tuning_record.json").exists()):
-                by_model.setdefault(run.name.rsplit("-seed", 1)[0], []).append(latencies(run))
-            for model, runs in sorted(by_model.items()):
-                for lo, hi in zip(windows, windows[1:]):
-                    ratios, near, n = [], 0, 0
-                    for lat in runs:
-                        best = min(lat)
-                        seg = [v for v in lat[lo:hi] if math.isfinite(v)]
-                        ratios += [v / best for v in seg]
-                        near += sum(v < 1.02 * best for v in seg)
-                        n += len(lat[lo:hi])
-                    if n:
-                        rows.append({"task": task_dir.name, "model": model, "runs": len(runs), "trials": f"{lo + 1}-{hi}",
-                                     "median_over_best": median(ratios) if ratios else None, "within_2pct": near,
-                                     "measured": n})
+                runs.setdefault((task_dir.name, run.name.rsplit("-seed", 1)[0]), []).append(latencies(run))
+    rows = []
+    for (task, model), lats in sorted(runs.items()):
+        for lo, hi in zip(windows, windows[1:]):
+            ratios, near, n = [], 0, 0
+            for lat in lats:
+                best = min(lat)
+                seg = [v for v in lat[lo:hi] if math.isfinite(v)]
+                ratios += [v / best for v in seg]
+                near += sum(v < 1.02 * best for v in seg)
+                n += len(lat[lo:hi])
+            if n:
+                rows.append({"task": task, "model": model, "runs": len(lats), "trials": f"{lo + 1}-{hi}",
+                             "median_over_best": median(ratios) if ratios else None, "within_2pct": near,
+                             "measured": n})
     return rows
 
 

@@ -192,7 +192,7 @@ def ckd_study_sources(family, source_set, start, out, seed, study_path, params_p
 @ckd_study.command("run")
 @click.argument("family")
 @click.option("--variant", required=True, help="scratch-10 | scratch-100 | finetune | mtl | ckd | ckd-fixed-phi | "
-                                               "ckd-no-ewc | ckd-no-kd | ckd-pool | ckd-grow")
+                                               "ckd-no-ewc | ckd-no-kd | ckd-pool | ckd-grow | ckd-replay")
 @click.option("--sources", "source_set", default="same", show_default=True, help="the source set (same | cross | all)")
 @click.option("--source-kb", type=click.Path(exists=True, file_okay=False), default=None,
               help="the source set's KB (`tcl ckd-study sources`); finetune and the ckd variants start from it")

@@ -29,6 +29,11 @@ For each platform t of a family, in order (``learn_platform``):
    kept the source KB in 10 of 12 study runs, so the KB learned nothing of the target); ``none``
    keeps early stopping's epoch. Then the Fisher information of D_t is added to the KB's state.
 
+**Rehearsal** (``replay`` > 0, off by default: the paper's CL and KD see D_t alone): once a KB
+teaches, CL and KD also train on up to ``replay × |D_t|`` measured training programs of each
+earlier platform at hand (:func:`replay_sets`; the same programs in both phases), each its own
+set: CL's task and distillation terms and KD's distillation and task terms run on them too.
+
 **Unmeasured programs** (``PlatformData.pool``, optional): programs of platform t whose features
 are known but whose latencies are not (the pool a sampler chose D_t from; free to generate, costly
 to measure). Where given, every distillation term also runs on them: the AC start and CL's
@@ -89,6 +94,9 @@ DEFAULTS = {
     "alpha_task": 0.0,
     # the validation metric of every phase's early stopping and of the KD guard (tcl.training select)
     "select": "top1",
+    # rehearsal: a later platform's CL and KD also train on up to replay x |D_t| measured training
+    # programs of each earlier platform at hand (drawn once per platform, seeded); 0: off (the paper)
+    "replay": 0.0,
     "cl": {},
     "kd": {"lr": 1e-4},
     # over kd for a fresh KB (a family's first platform): no earlier knowledge to protect, so no
@@ -125,6 +133,8 @@ def settings(params: dict) -> dict:
     if not float(cfg["ac_grow_noise"]) >= 0:
         raise ContinualError(f"continual.ac_grow_noise must be >= 0, not {cfg['ac_grow_noise']!r}")
     phi_at(0, 0.0, cfg["phi"])  # validates the constants
+    if not float(cfg["replay"]) >= 0:
+        raise ContinualError(f"continual.replay must be >= 0, not {cfg['replay']!r}")
     if not float(cfg["alpha_task"]) >= 0:
         raise ContinualError(f"continual.alpha_task must be >= 0, not {cfg['alpha_task']!r}")
     cfg["kd_guard"] = {True: "mean", False: "none"}.get(cfg["kd_guard"], cfg["kd_guard"])
@@ -210,6 +220,26 @@ def unmeasured(fs):
 def _with_pool(sets: list, data: PlatformData) -> list:
     """`sets` and, when `data` has unmeasured programs, them last (batches never mix sets)."""
     return [*sets, data.pool] if data.pool is not None and len(data.pool) else list(sets)
+
+
+def replay_sets(data: PlatformData, seen: list[PlatformData], ratio: float, seed: int) -> list:
+    """Rehearsal (``continual.replay``): of every earlier seen platform with training programs at
+    hand, up to ``ratio × |D_t|`` of them drawn at random (seeded by `seed` and the platform's
+    place in `seen`), one set per platform (batches never mix platforms). Their labels are
+    measurements already paid for; with them the AC learns D_t beside what the earlier platforms'
+    labels say rather than from D_t's few hundred programs alone, and KD hands both on."""
+    if ratio <= 0:
+        return []
+    n = max(1, int(round(ratio * len(data.train))))
+    out = []
+    for i, d in enumerate(seen):
+        if d is data or d.platform == data.platform or d.train is None or not len(d.train):
+            continue
+        idx = np.arange(len(d.train))
+        if n < len(idx):
+            idx = np.sort(np.random.default_rng([int(seed), i]).choice(idx, size=n, replace=False))
+        out.append(d.train.subset(idx))
+    return out
 
 
 def _measured_task_loss(loss: str, weight: float, n_measured: int):
@@ -348,9 +378,10 @@ def grow_ac(ac, kb, noise: float) -> dict:
 
 
 def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, train_params: dict,
-             out_dir, track: bool = False) -> dict:
+             out_dir, track: bool = False, replay: list = ()) -> dict:
     """Train the AC on D_t: L_task + β·Φ_t(epoch)·L_distill(AC ← KB), the KB frozen (None: the
-    first platform, task loss only). Returns {"quality", "phi" (per epoch run), "epochs"}."""
+    first platform, task loss only); both terms also on the `replay` sets (replay_sets) when a KB
+    teaches. Returns {"quality", "phi" (per epoch run), "epochs"}."""
     from tcl.training import train_model
 
     extra, phi, quality = {}, None, None
@@ -358,9 +389,12 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
     if kb is not None:
         quality = teacher_quality(kb, data.train)
         phi = lambda e: phi_at(e, quality, cfg["phi"])  # noqa: E731
+        sets += list(replay)
+        measured = len(sets)
         sets = _with_pool(sets, data)  # the KB teaches on the unmeasured programs too
-        if len(sets) > 1:
-            extra["task"] = _measured_task_loss(train_params["loss"], float(train_params.get("task_weight", 1.0)), 1)
+        if len(sets) > measured:
+            extra["task"] = _measured_task_loss(train_params["loss"], float(train_params.get("task_weight", 1.0)),
+                                                measured)
             train_params = {**train_params, "loss": "none"}
         sharp = cfg["distill"]["sharpness"]
         targets = [teacher_targets(kb.predict_features(fs), fs.task, sharp) for fs in sets]
@@ -373,16 +407,18 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
 
 
 def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState | None, cfg: dict,
-             train_params: dict, out_dir, track: bool = False) -> tuple[EWCState, dict]:
+             train_params: dict, out_dir, track: bool = False, replay: list = ()) -> tuple[EWCState, dict]:
     """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·EWC
-    (α = ``continual.alpha_task``; 0 is the paper's KD, without labels); then add D_t's Fisher
+    (α = ``continual.alpha_task``; 0 is the paper's KD, without labels), the first two terms also
+    on the `replay` sets (CL's rehearsal, replay_sets); then add D_t's Fisher
     information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs", "kept_start",
     "guard", "select", "start_valid", "end_valid", ...}): the guard's mode and metric
     (``continual.select``), its value before and after (``target``: on the target; ``mean``: the
     mean over the seen platforms) and, for ``target``, the kept epoch and the sources' start."""
     from tcl.training import train_model
 
-    sets = _with_pool([data.train], data)  # the AC teaches on the unmeasured programs too
+    measured = [data.train, *replay]
+    sets = _with_pool(measured, data)  # the AC teaches on the unmeasured programs too
     sharp = cfg["distill"]["sharpness"]
     extra = {"distill": distill_term([teacher_targets(ac.predict_features(fs), fs.task, sharp) for fs in sets],
                                      lambda e: 1.0)}
@@ -397,8 +433,8 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     start_valid = _mean_metric(kb, valid, metric) if mode == "mean" else None
     alpha = float(cfg["alpha_task"])
     task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
-    if alpha > 0 and len(sets) > 1:
-        extra["task"] = _measured_task_loss(train_params["loss"], alpha, 1)
+    if alpha > 0 and len(sets) > len(measured):
+        extra["task"] = _measured_task_loss(train_params["loss"], alpha, len(measured))
         task = {"loss": "none"}
     log = PhaseLog(kb, seen, track=track, guard=guard)
     train_model(kb, sets, valid, {**train_params, **task}, out_dir, run=log,
@@ -489,6 +525,10 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     n_features = int(data.train.x.shape[2])
     meta = feature_meta([data.train])
     report: dict = {"platform": data.platform, "runs": {}}
+    # rehearsal (continual.replay): the same earlier programs in CL and KD, only once a KB teaches
+    replay = replay_sets(data, seen, float(cfg["replay"]), seed) if kb is not None else []
+    if replay:
+        report["replay"] = {fs.platform: int(len(fs)) for fs in replay}
 
     ac = new_net_model(params, cfg, "ac", n_features, meta, seed)
     if kb is not None and cfg["ac_init"] == "grow":
@@ -501,9 +541,10 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
             report["runs"]["ac_init"] = run.info.run_id if run else None
     with _phase_run(track, f"cl-{data.platform}", {"phase": "cl", "platform": data.platform,
                                                    "data": data.train_file, "beta": cfg["beta"],
-                                                   **_flat("phi", cfg["phi"]), **_flat("train", cl_p)}) as run:
+                                                   "replay": cfg["replay"], **_flat("phi", cfg["phi"]),
+                                                   **_flat("train", cl_p)}) as run:
         cl_dir = out_dir / f"{step:02d}-cl-{data.platform}"
-        report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, cl_dir, track)
+        report["cl"] = cl_phase(ac, kb, data, seen, cfg, cl_p, cl_dir, track, replay)
         report["ac_checkpoint"] = str(cl_dir / MODEL_FILE)  # the AC after CL (the phase's kept epoch)
         report["runs"]["cl"] = run.info.run_id if run else None
 
@@ -512,10 +553,10 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
         kb = new_net_model(params, cfg, "kb", n_features, meta, seed)
     with _phase_run(track, f"kd-{data.platform}", {"phase": "kd", "platform": data.platform,
                                                    "data": data.train_file, "lambda_ewc": cfg["lambda_ewc"],
-                                                   "ewc": ewc is not None,
+                                                   "ewc": ewc is not None, "replay": cfg["replay"],
                                                    **_flat("train", kd_p)}) as run:
         kd_dir = out_dir / f"{step:02d}-kd-{data.platform}"
-        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track)
+        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track, replay)
         report["runs"]["kd"] = run.info.run_id if run else None
         if run:
             import mlflow
@@ -577,7 +618,7 @@ def run_schedule(family: str, platforms: list[PlatformData], params: dict, out: 
 
             atomic_write_json(out / RUN_FILE, {"run_id": run_id, "tracking_uri": tracking.tracking_uri()})
             mlflow.log_params({"family": family, "platforms": ",".join(names), "beta": cfg["beta"],
-                               "lambda_ewc": cfg["lambda_ewc"], "ac_init": cfg["ac_init"]})
+                               "lambda_ewc": cfg["lambda_ewc"], "ac_init": cfg["ac_init"], "replay": cfg["replay"]})
             for d in platforms:
                 log_training_data(d, train_data[d.platform])
         for i, data in enumerate(platforms):

@@ -30,6 +30,9 @@ read their curves on the validation split, ~10× cheaper per epoch).
   ckd-grow       ckd with the AC started as the source KB grown to the AC's sizes
                  (``continual.ac_init`` grow, tcl.models.grow) instead of distilled into a
                  fresh AC
+  ckd-replay     ckd with rehearsal (``continual.replay`` = the study's ``replay``): target CL
+                 and KD also train on that many times the subset's size of each source's
+                 training programs (tcl.continual.schedule ``replay_sets``)
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
@@ -53,7 +56,8 @@ from tcl.continual.schedule import (PlatformData, held_out_metrics, load_platfor
 from tcl.io import atomic_write_json, json_safe
 
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
-FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow")  # start from the source KB
+FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
+           "ckd-replay")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
 CURVE_SPLITS = ("test", "valid")
 STUDY_FILE = "study.json"  # beside a source KB's model.pt: its curves and held-out metrics
@@ -112,7 +116,8 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
     change = {"ckd-fixed-phi": {"phi": {"fixed": float(study.get("fixed_phi", 1.0))}},
               "ckd-no-ewc": {"lambda_ewc": 0.0},
               "ckd-no-kd": {"kd": {"epochs": 0}},
-              "ckd-grow": {"ac_init": "grow"}}.get(variant)
+              "ckd-grow": {"ac_init": "grow"},
+              "ckd-replay": {"replay": float(study.get("replay", 1.0))}}.get(variant)
     if change:
         params = _merged(params, {"continual": change})
     settings(params)  # a clear error for a bad continual section
