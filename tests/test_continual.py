@@ -479,7 +479,7 @@ def test_transfer_cli_json_contract_on_real_data(tmp_path, store, one_torch_thre
     assert client.get_run(nxt["runs"]["cl"]).data.params["train.seed"] == "7"  # --seed over the params' 0
     assert client.get_run(out["runs"]["cl"]).data.params["train.seed"] == str(PARAMS["train"]["seed"])
     assert nxt["start"] == "models:/tcl-kb-x86-sse@candidate" and "Fisher" not in again.stderr
-    assert nxt["pool_programs"] == 0
+    assert nxt["pool_programs"] == 0 and nxt["replay_programs"] == {}  # continual.replay 0: none rehearsed
     assert E.EWCState.from_model(load_model(nxt["checkpoint"])).platforms == ["x86-sse-t1", "x86-sse-t2", "x86-sse-t2"]
     assert not any("--target-valid" in w for w in nxt["warnings"])
 

@@ -807,6 +807,7 @@ def transfer(start_checkpoint: str | os.PathLike, family: str, target_data: str 
         "phi": report["cl"]["phi"], "teacher_quality": report["cl"]["quality"],
         "kd_kept_start": report["kd"]["kept_start"],
         "pool_programs": len(target.pool) if target.pool is not None else 0,
+        "replay_programs": report.get("replay", {}),
         "sources_top1_before": {p: m["top1"] for p, m in before.items()},
         "sources_top1_after": {p: m["top1"] for p, m in after.items()},
         "target_top1_before": (target_before.get(target.platform) or {}).get("top1"),
