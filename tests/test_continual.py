@@ -169,6 +169,51 @@ def test_kd_target_guard_keeps_the_best_target_epoch_within_the_sources_toleranc
         assert pairwise(source.valid) == pytest.approx(1.0)
 
 
+def test_kd_target_guard_judges_the_sources_training_programs_with_kd_guard_splits_and_metric(tmp_path, one_torch_thread,
+                                                                                        taught_kb):
+    """kd_guard_splits: a source without a validation split is not judged under [valid] (KD learns
+    the backwards target at the source's cost), and under [valid, train] its training programs are
+    judged: at tolerance 0 the kept KB still ranks them as perfectly as the start did."""
+    from tcl import metrics as M
+    from tcl.continual.schedule import ContinualError
+
+    source, target = _platform("p0", 5), _platform("p1", 1)
+    source.valid = None
+    _ordered_by(taught_kb, source.train)
+    backwards = _negated(load_model_copy(taught_kb, tmp_path / "ac"))
+    _ordered_by(backwards, target.valid)
+    _ordered_by(backwards, target.train)
+    params = {**TRAIN, "select": "pairwise", "epochs": 6, "patience": 100, "lr": 0.02}
+
+    def kd(splits, metric="pairwise"):
+        tag = "-".join(splits) + metric
+        kb = load_model_copy(taught_kb, tmp_path / tag)
+        earlier = E.absorb(None, kb, E.estimate_fisher(kb, source.train, TRAIN), "p0")
+        cfg = settings({**PARAMS, "continual": {**PARAMS["continual"], "select": "pairwise", "kd_guard": "target",
+                                                "kd_guard_tolerance": 0.0, "lambda_ewc": 0.0,
+                                                "kd_guard_splits": splits, "kd_guard_metric": metric}})
+        _, res = kd_phase(kb, backwards, target, [source, target], earlier, cfg, params, tmp_path / tag / "kd")
+        return M.evaluate(kb.predict_features(source.train), source.train)[metric], res
+
+    forgot, res = kd(["valid"])
+    assert res["start_sources"] == {} and not res["kept_start"] and forgot < 1.0
+    kept, res = kd(["train", "valid"])
+    assert res["source_splits"] == ["valid", "train"] and res["start_sources"] == {"p0/train": pytest.approx(1.0)}
+    assert kept == pytest.approx(1.0)
+    assert all(r["guard_worst_source_drop_train"] == r["guard_worst_source_drop"] for r in res["epochs"])
+    assert any(r["guard_worst_source_drop"] > 0 and not r["guard_kept"] for r in res["epochs"])
+    # the sources' loss in another metric than the target's (kd_guard_metric): top-1 on the training programs
+    kept, res = kd(["train"], "top1")
+    assert res["source_metric"] == "top1" and res["start_sources"] == {"p0/train": pytest.approx(1.0)}
+    assert kept == pytest.approx(1.0) and res["select"] == "pairwise"
+    assert settings({"continual": {"kd_guard_splits": "train,valid"}})["kd_guard_splits"] == ["valid", "train"]
+    with pytest.raises(ContinualError, match="kd_guard_metric"):
+        settings({"continual": {"kd_guard_metric": "fastest"}})
+    for bad in (["test"], []):
+        with pytest.raises(ContinualError, match="kd_guard_splits"):
+            settings({"continual": {"kd_guard_splits": bad}})
+
+
 def test_kd_task_term_adds_alpha_times_the_kb_label_loss(tmp_path, one_torch_thread, taught_kb):
     """α·L_task(KB, D_t) beside L_distill: at lr 0 the KB stays put, so the epoch's reported
     loss_task is α times the mean LambdaRank of the KB's scores against the labels over the same

@@ -46,11 +46,11 @@ VARIANTS = ("full", "rdu", "rdu-steps", "random", "random-steps")
 
 
 def subset_scores(pool, valid, test, params: dict, seed: int, strategy: str,
-                  trainings: tuple[str, ...] = ("default", "steps")) -> dict[str, dict]:
-    """{training: scores}: a Mamba on `strategy`'s 10% of `pool` scored on `test`, trained with the
-    main job's epochs (default) and with epochs, patience and warmup x pool / subset (steps)."""
+                  trainings: tuple[str, ...] = ("default", "steps"), ratio: float = 0.1) -> dict[str, dict]:
+    """{training: scores}: a Mamba on `strategy`'s `ratio` of `pool` scored on `test`, trained with
+    the main job's epochs (default) and with epochs, patience and warmup x pool / subset (steps)."""
     tp = {**params["train"], **params["pipeline"]["train"]}
-    sub, _ = sample_features(pool, 0.1, strategy, params, seed=seed)
+    sub, _ = sample_features(pool, ratio, strategy, params, seed=seed)
     k = len(pool) / len(sub)
     scaled = {"epochs": int(round(tp["epochs"] * k)), "patience": int(round(tp["patience"] * k)),
               "warmup_epochs": int(round(tp["warmup_epochs"] * k))}
@@ -144,6 +144,32 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def heldout_summary(rows: list[dict], full: list[dict]) -> str:
+    """The held-out study's table from `heldout` rows (any ratios and strategies): per ratio and
+    strategy, mean ± sd over seeds of network and per-task top-1 with equal steps (and with the
+    default training where run), then the `full` model's (tcl evaluate JSON of the whole split)."""
+    trainings = [t for t in ("steps", "default") if any(t in r for r in rows)]
+    head = " | ".join(f"{m} ({t})" for t in trainings for m in ("top-1", "task top-1"))
+    lines = [f"| platform | ratio | strategy | seeds | {head} |", "|---|---:|---|---:|" + "---:|" * 2 * len(trainings)]
+
+    def cell(values) -> str:
+        v = np.array(values)
+        return f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}"
+
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["platform"], r.get("ratio", 0.1), r["strategy"]), []).append(r)
+    for (platform, ratio, strategy), rs in sorted(groups.items(), key=lambda kv: kv[0][:2]):
+        cells = [cell([r[t][m] for r in rs]) if all(t in r for r in rs) else "-"
+                 for t in trainings for m in ("top1", "task_top1")]
+        lines.append(f"| {platform} | {ratio * 100:g}% | {strategy} | {len(rs)} | " + " | ".join(cells) + " |")
+    if full:
+        one_pass = " | ".join(cell([f[m] for f in full]) for _ in trainings for m in ("top1", "task_top1"))
+        platforms = ", ".join(sorted({f["platform"] for f in full}))
+        lines.append(f"| {platforms} | 100% | full (one pass = the steps) | {len(full)} | {one_pass} |")
+    return "\n".join(lines)
+
+
 def read_rows(path: str) -> list[dict]:
     """The JSON lines of `path` ([] when it does not exist yet)."""
     try:
@@ -168,6 +194,8 @@ def main() -> None:
     held.add_argument("--platform", required=True)
     held.add_argument("--seeds", default="0,1,2")
     held.add_argument("--strategies", default="rdu,random")
+    held.add_argument("--ratios", default="0.1", help="sampling ratios (comma-separated)")
+    held.add_argument("--trainings", default="default,steps", help="default and/or steps (comma-separated)")
     held.add_argument("--sample", default="{}", help="JSON over params.yaml `sample:` (nested dicts merged)")
     held.add_argument("--params", default="params.yaml")
     held.add_argument("--out", required=True, help="JSON lines, appended")
@@ -183,6 +211,9 @@ def main() -> None:
     var.add_argument("--limit", type=int, default=None, help="at most this many runs of --pair")
     var.add_argument("--params", default="params.yaml")
     var.add_argument("--out", required=True, help="JSON lines, appended; a run already there is skipped")
+    hs = sub.add_parser("heldout-summary")
+    hs.add_argument("rows")
+    hs.add_argument("--full", nargs="*", default=[], help="the whole split's `tcl evaluate --json` files")
     vs = sub.add_parser("variant-summary")
     vs.add_argument("rows")
     vs.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl",
@@ -191,6 +222,10 @@ def main() -> None:
     if a.command == "variant-summary":
         rows = read_rows(a.rows)
         print(variant_summary(rows, references_of(rows) if a.pair == "self" else read_rows(a.pair)))
+        return
+    if a.command == "heldout-summary":
+        full = [json.loads(open(p).read()) for p in a.full]
+        print(heldout_summary(read_rows(a.rows), full))
         return
     if a.command == "summary":
         print(summary(read_rows(a.rows)))
@@ -222,12 +257,18 @@ def main() -> None:
     if a.command == "heldout":
         train, valid, test = (split_of(a.platform, n) for n in ("train", "valid", "test"))
         hparams = candidate_params(params, sample)
-        for seed in (int(s) for s in a.seeds.split(",")):
-            for strategy in a.strategies.split(","):
-                row = {"platform": a.platform, "seed": seed, "strategy": strategy,
-                       **subset_scores(train, valid, test, hparams, seed, strategy),
-                       **({"sample": sample} if sample else {})}
-                append_row(a.out, row)
+        trainings = tuple(a.trainings.split(","))
+        done = {(r["seed"], r["strategy"], r.get("ratio", 0.1)) for r in read_rows(a.out)
+                if r["platform"] == a.platform and r.get("sample", {}) == sample and all(t in r for t in trainings)}
+        for ratio in (float(r) for r in a.ratios.split(",")):
+            for seed in (int(s) for s in a.seeds.split(",")):
+                for strategy in a.strategies.split(","):
+                    if (seed, strategy, ratio) in done:  # resumable: a row already there is skipped
+                        continue
+                    row = {"platform": a.platform, "seed": seed, "strategy": strategy, "ratio": ratio,
+                           **subset_scores(train, valid, test, hparams, seed, strategy, trainings, ratio),
+                           **({"sample": sample} if sample else {})}
+                    append_row(a.out, row)
         return
     for platform in a.platforms.split(","):
         for fold in (int(f) for f in a.folds.split(",")):

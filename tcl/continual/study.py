@@ -33,6 +33,13 @@ read their curves on the validation split, ~10× cheaper per epoch).
   ckd-replay     ckd with rehearsal (``continual.replay`` = the study's ``replay``): target CL
                  and KD also train on that many times the subset's size of each source's
                  training programs (tcl.continual.schedule ``replay_sets``)
+  ckd-guard      ckd whose KD guard also judges each source's loss on its training programs, not
+                 only on its validation split (the study's ``guard``: ``continual.kd_guard_splits``)
+  ckd-replay-guard  ckd-replay with ckd-guard's guard
+  ckd-guard-top1 ckd whose KD guard judges each source's loss in top-1 on its training programs,
+                 the issue's own bound (the study's ``guard_top1``: ``kd_guard_splits`` train,
+                 ``kd_guard_metric`` top1, ``kd_guard_tolerance`` 0.02)
+  ckd-replay-guard-top1  ckd-replay with ckd-guard-top1's guard
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
@@ -57,7 +64,8 @@ from tcl.io import atomic_write_json, json_safe
 
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
 FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
-           "ckd-replay")  # start from the source KB
+           "ckd-replay", "ckd-guard", "ckd-replay-guard", "ckd-guard-top1",
+           "ckd-replay-guard-top1")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
 CURVE_SPLITS = ("test", "valid")
 STUDY_FILE = "study.json"  # beside a source KB's model.pt: its curves and held-out metrics
@@ -113,11 +121,19 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
         raise StudyError(f"unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
     params = _merged(root, study.get("params") or {})
     params = _merged(params, {"train": {"seed": int(seed)}})
+    replay = float(study.get("replay", 1.0))
+    guard = dict(study.get("guard") or {"kd_guard_splits": ["valid", "train"]})
+    guard_top1 = dict(study.get("guard_top1") or {"kd_guard_splits": ["train"], "kd_guard_metric": "top1",
+                                                  "kd_guard_tolerance": 0.02})
     change = {"ckd-fixed-phi": {"phi": {"fixed": float(study.get("fixed_phi", 1.0))}},
               "ckd-no-ewc": {"lambda_ewc": 0.0},
               "ckd-no-kd": {"kd": {"epochs": 0}},
               "ckd-grow": {"ac_init": "grow"},
-              "ckd-replay": {"replay": float(study.get("replay", 1.0))}}.get(variant)
+              "ckd-replay": {"replay": replay},
+              "ckd-guard": guard,
+              "ckd-replay-guard": {"replay": replay, **guard},
+              "ckd-guard-top1": guard_top1,
+              "ckd-replay-guard-top1": {"replay": replay, **guard_top1}}.get(variant)
     if change:
         params = _merged(params, {"continual": change})
     settings(params)  # a clear error for a bad continual section
