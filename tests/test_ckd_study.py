@@ -130,6 +130,16 @@ def test_ablations_change_only_what_they_name(study_data, source_kb, tmp_path, o
     assert not [r for r in no_kd["curves"] if r["learning"] == TARGET and r["phase"] == "kd"]
     assert run_params(PARAMS, study, 0, "ckd-no-kd")["continual"]["kd"]["epochs"] == 0
     assert run_params(PARAMS, study, 0, "ckd")["continual"]["kd"]["epochs"] == 3
+    # the guard variants change only the KD guard's sources (and, with replay, the rehearsal)
+    guard = {v: run_params(PARAMS, {**study, "replay": 0.5}, 0, v)["continual"]
+             for v in ("ckd", "ckd-guard", "ckd-replay-guard", "ckd-guard-top1", "ckd-replay-guard-top1")}
+    assert guard["ckd"].get("kd_guard_splits") is None and guard["ckd"].get("replay") is None
+    assert guard["ckd-guard"]["kd_guard_splits"] == ["valid", "train"] and guard["ckd-guard"].get("replay") is None
+    assert guard["ckd-replay-guard"]["replay"] == 0.5 and guard["ckd-replay-guard"]["kd_guard_splits"] == ["valid", "train"]
+    for v in ("ckd-guard-top1", "ckd-replay-guard-top1"):
+        assert (guard[v]["kd_guard_splits"], guard[v]["kd_guard_metric"], guard[v]["kd_guard_tolerance"]) == (
+            ["train"], "top1", 0.02)
+    assert guard["ckd-replay-guard-top1"]["replay"] == 0.5
 
 
 def test_ckd_curves_follow_the_schedule_with_every_seen_platform(study_data, source_kb, tmp_path, one_torch_thread):
