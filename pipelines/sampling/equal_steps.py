@@ -170,6 +170,45 @@ def heldout_summary(rows: list[dict], full: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def heldout_png(rows: list[dict], full: list[dict], training: str = "steps") -> bytes:
+    """Network and per-task top-1 (mean ± sd over seeds) vs the sampling ratio, one line per
+    strategy, trained with `training`; the whole split's model as a grey band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tcl.summary import figure_png
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    for ax, metric, name in zip(axes, ("top1", "task_top1"), ("network top-1", "per-task top-1")):
+        if full:
+            v = np.array([f[metric] for f in full])
+            ax.axhspan(v.mean() - v.std(ddof=1), v.mean() + v.std(ddof=1), color="grey", alpha=0.25)
+            ax.axhline(v.mean(), color="grey", lw=1.5, label=f"100% ({len(v)} seeds, mean ± sd)")
+        for i, strategy in enumerate(strategies):
+            by_ratio: dict = {}
+            for r in rows:
+                if r["strategy"] == strategy and training in r:
+                    by_ratio.setdefault(r.get("ratio", 0.1), []).append(r[training][metric])
+            ratios = sorted(by_ratio)
+            shift = 1 + 0.03 * (i - (len(strategies) - 1) / 2)  # side by side on the log axis
+            ax.errorbar([x * 100 * shift for x in ratios], [np.mean(by_ratio[x]) for x in ratios],
+                        yerr=[np.std(by_ratio[x], ddof=1) if len(by_ratio[x]) > 1 else 0 for x in ratios],
+                        marker="o", capsize=3, label=strategy)
+        ticks = sorted({r.get("ratio", 0.1) * 100 for r in rows})
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{x:g}%" for x in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("sampling ratio of the train split")
+        ax.set_ylabel(f"held-out {name} (mean ± sd over seeds)")
+        ax.set_title(f"{', '.join(sorted({r['platform'] for r in rows}))}: equal optimizer steps ({training})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    return figure_png(fig)
+
+
 def read_rows(path: str) -> list[dict]:
     """The JSON lines of `path` ([] when it does not exist yet)."""
     try:
@@ -214,6 +253,7 @@ def main() -> None:
     hs = sub.add_parser("heldout-summary")
     hs.add_argument("rows")
     hs.add_argument("--full", nargs="*", default=[], help="the whole split's `tcl evaluate --json` files")
+    hs.add_argument("--png", default=None, help="also plot top-1 vs ratio (equal steps) to this PNG")
     vs = sub.add_parser("variant-summary")
     vs.add_argument("rows")
     vs.add_argument("--pair", default="pipelines/sampling/equal_steps.jsonl",
@@ -225,7 +265,12 @@ def main() -> None:
         return
     if a.command == "heldout-summary":
         full = [json.loads(open(p).read()) for p in a.full]
-        print(heldout_summary(read_rows(a.rows), full))
+        rows = read_rows(a.rows)
+        print(heldout_summary(rows, full))
+        if a.png:
+            from tcl.io import atomic_write_bytes
+
+            atomic_write_bytes(a.png, heldout_png(rows, full))
         return
     if a.command == "summary":
         print(summary(read_rows(a.rows)))
