@@ -25,8 +25,8 @@ For each platform t of a family, in order (``learn_platform``):
    started from and every KD epoch, the best on D_t's validation ``select`` among those whose
    every earlier platform lost at most ``kd_guard_tolerance`` of it (learn the target, bounded
    forgetting), on each of ``kd_guard_splits`` of that platform (``valid``; ``train``: its
-   training programs, where at hand), in ``kd_guard_metric`` (default ``select``); ``mean`` keeps the starting KB when no epoch beats it on the mean over the seen
-   platforms (measured: with three sources that mean hides the target's gain, and the guard
+   training programs, where at hand), in ``kd_guard_metric`` (default ``select``); ``mean``
+   keeps the starting KB when no epoch beats it on the mean over the seen platforms (measured: with three sources that mean hides the target's gain, and the guard
    kept the source KB in 10 of 12 study runs, so the KB learned nothing of the target); ``none``
    keeps early stopping's epoch. Then the Fisher information of D_t is added to the KB's state.
 
@@ -156,9 +156,7 @@ def settings(params: dict) -> dict:
     cfg["kd_guard_splits"] = sorted(set(splits), key=GUARD_SPLITS.index)
     from tcl.training import selection_key
 
-    for key in ("select", "kd_guard_metric"):
-        if cfg[key] is None and key == "kd_guard_metric":
-            continue
+    for key in ("select", "kd_guard_metric") if cfg["kd_guard_metric"] is not None else ("select",):
         try:
             selection_key({"select": cfg[key]})
         except ValueError as exc:
@@ -476,17 +474,18 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
 class TargetGuard:
     """``kd_guard: target``: of the KB KD starts from and the KB after each KD epoch, keep the one
     best on the target's validation `metric` among those whose every earlier platform is within
-    `tolerance` of the starting KB's `source_metric` (default `metric`) on it, on each of `splits` (``valid``: its
-    validation programs; ``train``: its training programs, where the platform has them at hand).
-    The start always qualifies, so the kept KB never ranks the target's validation programs worse
+    `tolerance` of the starting KB's `source_metric` (default `metric`) on it, on each of `splits`
+    (``valid``: its validation programs; ``train``: its training programs, where the platform has
+    them at hand). The start always qualifies, so the kept KB never ranks the target's validation programs worse
     than the start did, and an earlier platform never loses more than `tolerance` on the judged
     programs. Without target validation programs the target is judged on its training programs
     (in-sample: any epoch that fits them better and keeps the sources wins).
 
-    Why ``train``: a validation split holds a handful of tasks (4 a platform in the bundle), and a
-    KD epoch can keep their pairwise accuracy within 0.01 while the source's held-out top-1 falls by
-    10-17 points (docs/continual.md); its training programs (every training task, thousands of
-    programs, the ones its Fisher information was read on) show that forgetting with less noise."""
+    Why ``train`` exists: a validation split holds a handful of tasks (4 a platform in the bundle),
+    and a KD epoch can keep their pairwise accuracy within 0.01 while the source's held-out top-1
+    falls by 10-17 points; its training programs are every training task, thousands of programs.
+    Measured (docs/continual.md, *Judging forgetting on the sources' training programs*): in
+    pairwise or in top-1 they did not catch those losses either, so the default stays ``valid``."""
 
     def __init__(self, kb, target: PlatformData, seen: list[PlatformData], metric: str, tolerance: float,
                  splits=("valid",), source_metric: str | None = None):
@@ -598,6 +597,7 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
                                                    "ewc": ewc is not None, "replay": cfg["replay"],
                                                    "kd_guard": cfg["kd_guard"],
                                                    "kd_guard_splits": ",".join(cfg["kd_guard_splits"]),
+                                                   "kd_guard_metric": cfg["kd_guard_metric"] or cfg["select"],
                                                    **_flat("train", kd_p)}) as run:
         kd_dir = out_dir / f"{step:02d}-kd-{data.platform}"
         _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track, replay)
