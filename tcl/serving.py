@@ -17,7 +17,7 @@ import numpy as np
 from tcl.export import parse_metadata
 from tcl.features import features_vocab_hash
 from tcl.registry import PREFIX, TclRegistryError
-from tcl.runtime import DEFAULT_THREADS, FusedOpsUnavailable, fuse_ops, inference_session
+from tcl.runtime import DEFAULT_THREADS, FusedOpsUnavailable, fuse_ops, inference_session, worker_pool
 
 DEFAULT_CHUNK = 4096   # rows converted and held at once (bounds memory on large inputs)
 DEFAULT_BLOCK = 32     # rows per onnxruntime call: a block's activations stay in L1/L2 cache
@@ -156,9 +156,7 @@ class Predictor:
                     self._run(self.session, xc, mc, rows, length, oc)
                 continue
             if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(len(self.sessions), thread_name_prefix="tcl-ort")
+                self._pool = worker_pool(len(self.sessions), "tcl-ort")
             # each session pulls the next block (a core that is busy elsewhere takes fewer);
             # onnxruntime releases the GIL while it runs
             todo = iter(blocks)  # next() on a list iterator is atomic under the GIL

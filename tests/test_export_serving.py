@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -159,6 +160,37 @@ def test_valid_lengths_and_length_sorted_blocks(kb):
     x[~mask] = 0.0
     got = load_predictor(path, block=32).predict(x, mask)
     np.testing.assert_allclose(got, torch_scores(model, x, mask), rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="binding threads needs Linux and two CPUs")
+def test_worker_pool_binds_each_thread_to_its_own_cpu(monkeypatch):
+    import threading
+
+    from tcl.runtime import BIND_ENV, bound_cpus, worker_pool
+
+    allowed = os.sched_getaffinity(0)
+
+    def affinities(pool, n):
+        barrier = threading.Barrier(n)  # every task holds its thread until all n have started
+
+        def where():
+            barrier.wait(timeout=30)
+            return frozenset(os.sched_getaffinity(0))
+
+        try:
+            return [f.result() for f in [pool.submit(where) for _ in range(n)]]
+        finally:
+            pool.shutdown(wait=True)
+
+    got = affinities(worker_pool(2, "test-bound"), 2)
+    assert all(len(a) == 1 for a in got) and len(set(got)) == 2
+    assert set().union(*got) <= allowed
+    assert os.sched_getaffinity(0) == allowed  # the caller is left alone
+    assert bound_cpus(1) is None and bound_cpus(len(allowed) + 1) is None
+    monkeypatch.setenv(BIND_ENV, "0")
+    assert bound_cpus(2) is None
+    assert affinities(worker_pool(2, "test-free"), 2) == [frozenset(allowed)] * 2
 
 
 def test_softplus_rewrite_is_exact():

@@ -145,9 +145,9 @@ def _split(n: int) -> list[tuple[int, int]]:
 def _pool():
     global _POOL
     if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
+        from tcl.runtime import worker_pool
 
-        _POOL = ThreadPoolExecutor(2, thread_name_prefix="tcl-traces")
+        _POOL = worker_pool(2, "tcl-traces")
     return _POOL
 
 
