@@ -32,6 +32,7 @@
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/ffi/string.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -223,7 +224,60 @@ struct Slot {
   size_t number = 0;  // the count of variables made before it
 };
 
-using Slots = std::unordered_map<const tvm::ffi::Object*, Slot>;
+// Object pointer -> V, open addressing (linear probing), kept across the traces of a batch:
+// cleared, not freed. The walk makes ~100 variables a trace; std::unordered_map allocated a node
+// for each (14 % of the walk's samples inside tuning, perf).
+template <typename V>
+class PointerTable {
+ public:
+  PointerTable() { Resize(256); }
+  void Clear() {
+    std::fill(keys_.begin(), keys_.end(), nullptr);
+    size_ = 0;
+  }
+  const V* Find(const tvm::ffi::Object* key) const {
+    for (size_t i = Hash(key);; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &values_[i];
+      if (keys_[i] == nullptr) return nullptr;
+    }
+  }
+  V& operator[](const tvm::ffi::Object* key) {  // inserts V{} where absent
+    if (2 * (size_ + 1) > keys_.size()) Grow();
+    size_t i = Hash(key);
+    for (; keys_[i] != nullptr; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return values_[i];
+    }
+    keys_[i] = key;
+    values_[i] = V{};
+    ++size_;
+    return values_[i];
+  }
+
+ private:
+  size_t Hash(const tvm::ffi::Object* key) const {
+    return (reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 20 & mask_;
+  }
+  void Resize(size_t capacity) {
+    keys_.assign(capacity, nullptr);
+    values_.assign(capacity, V{});
+    mask_ = capacity - 1;
+    size_ = 0;
+  }
+  void Grow() {
+    std::vector<const tvm::ffi::Object*> keys = std::move(keys_);
+    std::vector<V> values = std::move(values_);
+    Resize(2 * keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] != nullptr) (*this)[keys[i]] = std::move(values[i]);
+    }
+  }
+  std::vector<const tvm::ffi::Object*> keys_;
+  std::vector<V> values_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+using Slots = PointerTable<Slot>;
 
 // A variable of the trace (SBlockRV, LoopRV or an expression's Var), or nullptr.
 const tvm::ffi::Object* Variable(const Context& ctx, const Any& v) {
@@ -245,16 +299,16 @@ void Input(const Context& ctx, const Any& x, const Slots& slots, Sink* sink, boo
   } else if (i == kTVMFFIArray) {
     for (const Any& item : Items(x)) Input(ctx, item, slots, sink, true);
   } else if (const tvm::ffi::Object* var = Variable(ctx, x)) {
-    auto found = slots.find(var);
-    if (found == slots.end()) {
+    const Slot* found = slots.Find(var);
+    if (found == nullptr) {
       if (nested) TVM_FFI_THROW(ValueError) << "a variable no instruction made, in a list";
       return;
     }
     if (nested) {
-      std::string name = found->second.prefix + std::to_string(found->second.number);
+      std::string name = found->prefix + std::to_string(found->number);
       sink->Str(name);
-    } else if (!found->second.drop) {
-      Emit(ctx, found->second.value, sink);
+    } else if (!found->drop) {
+      Emit(ctx, found->value, sink);
     }
   } else if (i == kTVMFFIInt || i == kTVMFFIBool || i == kTVMFFIFloat || i == ctx.int_imm ||
              i == ctx.float_imm || i == ctx.index_map) {
@@ -282,15 +336,49 @@ struct Kinds {
   }
 };
 
+// What the walks of a batch share: the kinds met so far, and two tables cleared for each trace.
+struct WalkState {
+  Kinds kinds;
+  Slots slots;                  // variable -> what an input naming it stands for
+  PointerTable<Any> decisions;  // instruction -> its decision
+};
+
+// Instructions ahead of the walk whose arrays are prefetched (see WalkTrace).
+constexpr size_t kPrefetchAhead = 2;
+
 // The steps of one trace into `sink`. The instructions, their arguments and the decisions are
 // read through the FFI's reflection (no JSON is built).
+//
+// Inside tuning each trace is new to the caches (the search made it since the last batch), and
+// the walk is a chain of dependent loads: instruction -> its input, attribute and output arrays
+// -> their items. So the instructions are prefetched all at once first, and each instruction's
+// arrays a few instructions ahead, letting the misses overlap instead of following each other.
 template <typename Sink>
-void WalkTrace(const Context& ctx, const ObjectRef& trace, Kinds* kinds, Sink* sink) {
-  tvm::ffi::Map<Any, Any> decisions = ctx.trace_decisions(trace).template cast<tvm::ffi::Map<Any, Any>>();
-  Slots slots;
+void WalkTrace(const Context& ctx, const ObjectRef& trace, WalkState* state, Sink* sink) {
+  Items insts(ctx.trace_insts(trace.get()));
+  for (const Any& inst_any : insts) __builtin_prefetch(inst_any.as<tvm::ffi::Object>());
+  PointerTable<Any>& decisions = state->decisions;
+  decisions.Clear();
+  for (const auto& [inst_any, decision] :
+       ctx.trace_decisions(trace).template cast<tvm::ffi::Map<Any, Any>>()) {
+    if (const tvm::ffi::Object* inst = inst_any.template as<tvm::ffi::Object>()) {
+      __builtin_prefetch(decision.template as<tvm::ffi::Object>());
+      decisions[inst] = decision;
+    }
+  }
+  Slots& slots = state->slots;
+  slots.Clear();
+  Kinds* kinds = &state->kinds;
   size_t n_names = 0;
-  for (const Any& inst_any : Items(ctx.trace_insts(trace.get()))) {
+  for (size_t k = 0; k < insts.size(); ++k) {
+    const Any& inst_any = insts[k];
     const tvm::ffi::Object* inst = inst_any.as<tvm::ffi::Object>();
+    if (k + kPrefetchAhead < insts.size()) {
+      const tvm::ffi::Object* ahead = insts[k + kPrefetchAhead].as<tvm::ffi::Object>();
+      __builtin_prefetch(ctx.inst_inputs(ahead));
+      __builtin_prefetch(ctx.inst_attrs(ahead));
+      __builtin_prefetch(ctx.inst_outputs(ahead));
+    }
     const KindInfo& info = kinds->Of(ctx, ctx.inst_kind(inst));
     if (!info.known) {
       sink->Unknown();
@@ -318,9 +406,9 @@ void WalkTrace(const Context& ctx, const ObjectRef& trace, Kinds* kinds, Sink* s
       slot.drop = !loops;
       slot.value = loops ? Any(position++) : Any();
     }
-    auto decision = decisions.find(inst_any);
-    if (decision != decisions.end() && (*decision).second.type_index() != kTVMFFINone) {
-      const Any d = (*decision).second;
+    const Any* decision = decisions.Find(inst);
+    if (decision != nullptr && decision->type_index() != kTVMFFINone) {
+      const Any& d = *decision;
       if (keep) Flatten(ctx, d, sink);
       if (info.tile && d.type_index() == kTVMFFIArray) {
         Items sampled(d);
@@ -426,13 +514,13 @@ class JsonSink {
 
 String CandidateSteps(Array<Any> candidates, int64_t begin, int64_t end, Array<String> kind_names) {
   const Context& ctx = GetContext();
-  Kinds kinds;
-  for (const String& k : kind_names) kinds.columns.emplace(std::string(View(k)), -1);
+  WalkState state;
+  for (const String& k : kind_names) state.kinds.columns.emplace(std::string(View(k)), -1);
   std::string out = "[";
   for (int64_t i = begin; i < end; ++i) {
     if (i > begin) out.push_back(',');
     JsonSink sink(&out);
-    WalkTrace(ctx, TraceOf(ctx, candidates[i]), &kinds, &sink);
+    WalkTrace(ctx, TraceOf(ctx, candidates[i]), &state, &sink);
     sink.Finish();
   }
   out.push_back(']');
@@ -562,13 +650,19 @@ Function CandidateFeaturizer(Array<String> kinds, Array<int64_t> kind_columns, A
     CheckTensor(x, "x", kDLFloat, 32, {e.max_len, e.n_features}, end);
     CheckTensor(lengths, "lengths", kDLInt, 64, {}, end);
     const Context& ctx = GetContext();
-    Kinds kinds;
-    kinds.columns = e.kind_columns;
+    WalkState state;
+    state.kinds.columns = e.kind_columns;
     float* xs = static_cast<float*>(x.data_ptr()) + x.byte_offset() / sizeof(float);
     int64_t* ls = static_cast<int64_t*>(lengths.data_ptr()) + lengths.byte_offset() / sizeof(int64_t);
+    ObjectRef next = begin < end ? TraceOf(ctx, candidates[begin]) : ObjectRef();
     for (int64_t i = begin; i < end; ++i) {
+      ObjectRef trace = std::move(next);
+      if (i + 1 < end) {  // the next trace's instruction array, fetched while this one is walked
+        next = TraceOf(ctx, candidates[i + 1]);
+        __builtin_prefetch(ctx.trace_insts(next.get()));
+      }
       FeatureSink sink(e, xs + i * e.max_len * e.n_features, ls + i);
-      WalkTrace(ctx, TraceOf(ctx, candidates[i]), &kinds, &sink);
+      WalkTrace(ctx, trace, &state, &sink);
     }
   });
 }
