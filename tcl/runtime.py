@@ -88,7 +88,9 @@ def worker_pool(n: int, name: str) -> ThreadPoolExecutor:
     Why: inside tuning, the cost model's work comes in bursts of a few milliseconds between the
     search's own steps. The OS woke both pool threads on the CPU of the thread that woke them,
     and they took turns there while the other core idled (perf, conv2d tuning on the 2-core
-    host: the second core idle through 35-45 % of the scoring and trace reading; docs/tuning.md).
+    host: the second core idle through 34-44 % of the scoring and trace reading; docs/tuning.md).
+    Every process binds its pools the same way: several processes on one machine should each get
+    their own CPUs (taskset; the pools spread over those) or set TCL_BIND_THREADS=0.
     """
     cpus = bound_cpus(n)
     if cpus is None:
