@@ -26,8 +26,9 @@ For each platform t of a family, in order (``learn_platform``):
    every earlier platform lost at most ``kd_guard_tolerance`` of it (learn the target, bounded
    forgetting), on each of ``kd_guard_splits`` of that platform (``valid``; ``train``: its
    training programs, where at hand), in ``kd_guard_metric`` (default ``select``); ``mean``
-   keeps the starting KB when no epoch beats it on the mean over the seen platforms (measured: with three sources that mean hides the target's gain, and the guard
-   kept the source KB in 10 of 12 study runs, so the KB learned nothing of the target); ``none``
+   keeps the starting KB when no epoch beats it on the mean over the seen platforms (measured:
+   with three sources that mean hides the target's gain, and the guard kept the source KB in 10
+   of 12 study runs, so the KB learned nothing of the target); ``none``
    keeps early stopping's epoch. Then the Fisher information of D_t is added to the KB's state.
 
 **Rehearsal** (``replay`` > 0, off by default: the paper's CL and KD see D_t alone): once a KB
@@ -476,9 +477,9 @@ class TargetGuard:
     best on the target's validation `metric` among those whose every earlier platform is within
     `tolerance` of the starting KB's `source_metric` (default `metric`) on it, on each of `splits`
     (``valid``: its validation programs; ``train``: its training programs, where the platform has
-    them at hand). The start always qualifies, so the kept KB never ranks the target's validation programs worse
-    than the start did, and an earlier platform never loses more than `tolerance` on the judged
-    programs. Without target validation programs the target is judged on its training programs
+    them at hand). The start always qualifies, so the kept KB never ranks the target's validation
+    programs worse than the start did, and an earlier platform never loses more than `tolerance`
+    on the judged programs. Without target validation programs the target is judged on its training programs
     (in-sample: any epoch that fits them better and keeps the sources wins).
 
     Why ``train`` exists: a validation split holds a handful of tasks (4 a platform in the bundle),

@@ -255,7 +255,7 @@ class PointerTable {
 
  private:
   size_t Hash(const tvm::ffi::Object* key) const {
-    return (reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 20 & mask_;
+    return ((reinterpret_cast<uintptr_t>(key) >> 4) * 0x9E3779B97F4A7C15ull >> 20) & mask_;
   }
   void Resize(size_t capacity) {
     keys_.assign(capacity, nullptr);
