@@ -53,3 +53,14 @@ def load_params(path: str | os.PathLike | None = DEFAULT_PARAMS, required: bool 
         raise ParamsError(f"{p}: params must be a mapping at the top level, not {type(data).__name__}")
     return data
 
+
+
+def tune_settings(name: str, defaults: dict, overrides: dict | None = None) -> dict:
+    """`defaults`, then params.yaml ``tune.<name>``, then `overrides`; a key not in `defaults`
+    raises (a misspelt setting would otherwise be silently ignored)."""
+    section = (load_params(required=False).get("tune") or {}).get(name) or {}
+    settings = {**defaults, **section, **(overrides or {})}
+    unknown = set(settings) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown tune.{name} settings {sorted(unknown)} (known: {sorted(defaults)})")
+    return settings

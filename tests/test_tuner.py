@@ -244,6 +244,45 @@ def test_tune_refuses_bad_arguments(tmp_path, store):
     assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
 
 
+def test_search_settings_default_to_tvm_s_own_and_reach_metaschedule(tmp_path, monkeypatch):
+    """params.yaml tune.search: TVM's EvolutionarySearch defaults unless set; a setting reaches the
+    search (a population of 32: no predict call scores more), is recorded in tune.json, and a
+    misspelt one is refused before anything runs."""
+    import inspect
+
+    from tcl.collect.measure import MeasureSettings
+    from tcl.collect.workloads import build_workload, resolve_workload
+    from tcl.hardware import get_platform
+    from tcl.tuner.tune import DEFAULT_SEARCH, TuneTask, search_params, tune
+
+    from tvm.s_tir import meta_schedule as ms
+
+    shipped = inspect.signature(ms.search_strategy.EvolutionarySearch.__init__).parameters
+    assert DEFAULT_SEARCH == {k: shipped[k].default for k in DEFAULT_SEARCH}
+    assert set(DEFAULT_SEARCH) == set(shipped) - {"self"}
+    assert search_params() == DEFAULT_SEARCH  # the repository's params.yaml keeps TVM's search
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("tune:\n  search: {population_size: 32, init_min_unmeasured: 8}\n")
+    assert search_params()["population_size"] == 32
+    task = TuneTask("dense_64", build_workload(resolve_workload("dense_64")))
+    result = tune(get_platform(PLATFORM), [task], 8, "random", tmp_path / "db", progress=False,
+                  trials_per_iter=8, settings=MeasureSettings(repeat=1, min_repeat_ms=0))
+    assert result["tasks"][0]["trials"] == 8
+    assert 0 < result["candidates_scored"] <= 32 * result["predict_calls"]
+    assert json.loads((tmp_path / "db" / "tune.json").read_text())["search"] == {
+        **DEFAULT_SEARCH, "population_size": 32, "init_min_unmeasured": 8}
+    (tmp_path / "params.yaml").write_text("tune:\n  search: {populaton_size: 32}\n")
+    with pytest.raises(ValueError, match=r"unknown tune.search settings \['populaton_size'\]"):
+        search_params()
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--workload", "dense_64",
+                                    "--cost-model", "random", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 2 and "populaton_size" in res.output and not (tmp_path / "o").exists()
+
+
 def test_study_ratios_by_hand():
     from tcl.bench.tune import ratios
 

@@ -88,16 +88,20 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     from ..registry import TclRegistryError
     from ..tuner.tune import tune as run_tune
 
-    fine_tune_settings = {}
-    if fine_tune:
-        from ..tuner.fine_tune import fine_tune_params
+    from ..tuner.tune import search_params
 
-        try:
+    fine_tune_settings = {}
+    try:  # a misspelt setting in params.yaml fails here, before a run is opened
+        search_settings = {f"search_{k}": v for k, v in search_params().items()}
+        if fine_tune:
+            from ..tuner.fine_tune import fine_tune_params
+
             fine_tune_settings = {f"fine_tune_{k}": v for k, v in fine_tune_params().items()}
-        except ValueError as exc:
-            _fail(str(exc))
+    except ValueError as exc:
+        _fail(str(exc))
     params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,
-              **fine_tune_settings, "trials": trials, "seed": seed, "tasks": len(tasks), "out": out, "rpc_key": rpc_key or ""}
+              **fine_tune_settings, **search_settings, "trials": trials, "seed": seed, "tasks": len(tasks),
+              "out": out, "rpc_key": rpc_key or ""}
     with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
         import mlflow
 

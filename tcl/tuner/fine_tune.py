@@ -44,14 +44,9 @@ class CheckpointNeeded(ValueError):
 
 def fine_tune_params(overrides: dict | None = None) -> dict:
     """`DEFAULT_FINE_TUNE`, then params.yaml ``tune.fine_tune``, then `overrides`; unknown keys raise."""
-    from tcl.config import load_params
+    from tcl.config import tune_settings
 
-    section = ((load_params(required=False).get("tune") or {}).get("fine_tune") or {})
-    p = {**DEFAULT_FINE_TUNE, **section, **(overrides or {})}
-    unknown = set(p) - set(DEFAULT_FINE_TUNE)
-    if unknown:
-        raise ValueError(f"unknown fine-tuning settings {sorted(unknown)} (known: {sorted(DEFAULT_FINE_TUNE)})")
-    return p
+    return tune_settings("fine_tune", DEFAULT_FINE_TUNE, overrides)
 
 
 def checkpoint_source(model: str | os.PathLike, family: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:

@@ -30,6 +30,11 @@ from tcl.hardware import Platform, host_mismatch, local_cpu_model, require_measu
 from tcl.io import atomic_write_json
 
 TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
+# MetaSchedule's evolutionary search as TVM ships it (EvolutionarySearch's defaults); params.yaml
+# ``tune.search`` overrides them for every cost model alike, so a comparison stays like for like
+DEFAULT_SEARCH = {"population_size": 512, "init_measured_ratio": 0.2, "init_min_unmeasured": 50,
+                  "max_fail_count": 5, "genetic_num_iters": 4, "genetic_mutate_prob": 0.85,
+                  "genetic_max_fail_count": 10, "eps_greedy": 0.05}
 
 
 @dataclass
@@ -129,11 +134,12 @@ def _write_tasks_json(out: Path, tasks: list[TuneTask]) -> None:
 def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str, out: str | os.PathLike,
          model: str | None = None, seed: int = 0, rpc: RpcSettings | None = None,
          settings: MeasureSettings | None = None, progress: bool = True,
-         trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False) -> dict:
+         trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False, search: dict | None = None) -> dict:
     """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
     plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
-    `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch."""
+    `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
+    `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s."""
     use_x86_intrinsics_only()
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
@@ -144,6 +150,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     if trials < 1:
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
+    search = search_params(search)
     out = Path(out)
     # the search's threads: the target's cores, else the threads the platform measures with
     cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
@@ -157,15 +164,16 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "platform": platform.name, "family": platform.family, "target": platform.target,
         "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
         "fine_tune_params": _fine_tune_params() if fine_tune else None, "trials": trials,
-        "seed": seed, "settings": settings.as_dict(), "tasks": [t.name for t in tasks],
+        "seed": seed, "settings": settings.as_dict(), "search": search, "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
         "host_cpu": local_cpu,
         "host_mismatch": None if local_cpu is None else host_mismatch(platform, local_cpu),
     })
     target = Target(dict(platform.target))
+    strategy = ms.search_strategy.EvolutionarySearch(**search)
     contexts = [ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
-                               search_strategy="evolutionary", task_name=t.name,
+                               search_strategy=strategy, task_name=t.name,
                                rand_state=seed * 1_000_003 + i + 1, num_threads=cores).clone()
                 for i, t in enumerate(tasks)]
     curves = [Curve() for _ in tasks]
@@ -197,6 +205,13 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "predict_seconds": s.get("predict_seconds"),
         "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s,
     }
+
+
+def search_params(overrides: dict | None = None) -> dict:
+    """`DEFAULT_SEARCH`, then params.yaml ``tune.search``, then `overrides`; unknown keys raise."""
+    from tcl.config import tune_settings
+
+    return tune_settings("search", DEFAULT_SEARCH, overrides)
 
 
 def _fine_tune_params() -> dict:
