@@ -203,6 +203,7 @@ def test_tcl_tune_writes_a_database_that_ingests(kb, tmp_path, store):
 
     runs = mlflow.search_runs(experiment_names=["tcl-tune"], output_format="list")
     assert len(runs) == 1 and runs[0].data.params["cost_model"] == "tcl"
+    assert runs[0].data.params["search_population_size"] == "512"  # the search's settings, TVM's here
     assert runs[0].data.metrics["candidates_scored"] == result["candidates_scored"]
 
 

@@ -86,9 +86,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     from .. import tracking
     from ..io import json_safe
     from ..registry import TclRegistryError
-    from ..tuner.tune import tune as run_tune
-
     from ..tuner.tune import search_params
+    from ..tuner.tune import tune as run_tune
 
     fine_tune_settings = {}
     try:  # a misspelt setting in params.yaml fails here, before a run is opened
