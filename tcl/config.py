@@ -54,7 +54,6 @@ def load_params(path: str | os.PathLike | None = DEFAULT_PARAMS, required: bool 
     return data
 
 
-
 def tune_settings(name: str, defaults: dict, overrides: dict | None = None) -> dict:
     """`defaults`, then params.yaml ``tune.<name>``, then `overrides`; a key not in `defaults`
     raises (a misspelt setting would otherwise be silently ignored)."""
