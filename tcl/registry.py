@@ -437,6 +437,27 @@ def resolve_onnx(model_uri: str, dst_dir: str | os.PathLike) -> tuple[Path, dict
     return _version_file(model_uri, dst_dir, "*.onnx", "no .onnx file")
 
 
+def default_kb_uri(family: str, hint: str = "give --model") -> tuple[str, str | None]:
+    """The family's KB a command uses when none is given: ``models:/tcl-kb-<family>@production``
+    (`alias_serve`), else ``@candidate`` (`alias_new`: what the main job registers, before anyone
+    promotes it). Returns (URI, None), or (URI, a warning saying the candidate is used) for the
+    fallback; TclRegistryError naming `hint` when the family has neither alias."""
+    client = _client()
+    name = model_name(family)
+    registered = _registered(client, name)
+    for alias in (alias_serve(), alias_new()):
+        holder = _alias_holder(client, name, alias) if registered else None
+        if holder is None:
+            continue
+        if alias == alias_serve():
+            return f"models:/{name}@{alias}", None
+        return f"models:/{name}@{alias}", (
+            f"{name} has no @{alias_serve()} version; using @{alias} (version {holder.version}), not yet "
+            f"promoted: `tcl promote {family} {alias}` makes it the served KB")
+    raise TclRegistryError(f"no registered KB for family {family!r}: {name} has no @{alias_serve()} or "
+                           f"@{alias_new()} version ({hint}, or run the main job: dvc repro)")
+
+
 def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> tuple[Path, dict]:
     """The PyTorch checkpoint to continue a family's KB from: `ref` is a checkpoint file or
     training directory, or a ``models:/tcl-kb-<family>@alias`` / ``/<version>`` URI; None means
@@ -451,14 +472,7 @@ def kb_checkpoint(ref: str | None, family: str, dst_dir: str | os.PathLike) -> t
         except FileNotFoundError as exc:
             raise TclRegistryError(str(exc)) from None
     if ref is None:
-        client = _client()
-        name = model_name(family)
-        held = [a for a in (alias_serve(), alias_new())
-                if _registered(client, name) and _alias_holder(client, name, a) is not None]
-        if not held:
-            raise TclRegistryError(f"no registered KB to start from: {name} has no "
-                                   f"@{alias_serve()} or @{alias_new()} version (give --from)")
-        ref = f"models:/{name}@{held[0]}"
+        ref, _ = default_kb_uri(family, hint="give --from")
     path, info = _version_file(str(ref), dst_dir, "checkpoint.pt", "no checkpoint.pt")
     info["model_uri"] = str(ref)
     return path, info

@@ -571,6 +571,35 @@ def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
     assert res.exit_code == 1 and "missing" in res.output and not isinstance(res.exception, FileNotFoundError)
 
 
+def test_tune_serves_the_family_s_candidate_until_one_is_promoted(kb, kb_checkpoint, tmp_path, store):
+    """Without --model, tcl serves models:/tcl-kb-<family>@production; right after the main job
+    (which registers at @candidate) it serves the candidate, says so, and records which KB ran."""
+    from click.testing import CliRunner
+
+    from tcl import registry, tracking
+    from tcl.cli import main
+
+    def tune(out):
+        return CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                         "--cost-model", "tcl", "--min-repeat-ms", "0", "--repeat", "1",
+                                         "--no-progress", "--json", "--out", str(out)])
+
+    res = tune(tmp_path / "none")
+    assert res.exit_code == 1 and f"no registered KB for family '{FAMILY}'" in res.output
+    with tracking.start_run("tcl-test", run_name="train") as run:
+        run_id = run.info.run_id
+    registry.register_kb(kb_checkpoint / "model.pt", FAMILY, [PLATFORM], run_id, {"top1": 0.5, "top5": 0.9},
+                         "E1", "D1", onnx_path=kb)
+    res = tune(tmp_path / "cand")
+    assert res.exit_code == 0, res.output
+    assert f"warning: tcl-kb-{FAMILY} has no @production version; using @candidate (version 1)" in res.stderr
+    assert json.loads(res.stdout.splitlines()[-1])["tasks"][0]["trials"] == 8
+    used = json.loads((tmp_path / "cand" / "tune.json").read_text())["model"]
+    assert used == f"models:/tcl-kb-{FAMILY}@candidate"
+    registry.promote(FAMILY, "1")
+    assert registry.default_kb_uri(FAMILY) == (f"models:/tcl-kb-{FAMILY}@production", None)
+
+
 def test_candidate_features_fall_back_to_the_featurizer_for_what_the_library_refuses():
     """A string with '$' (Ansor's "token$number", whose number Python's float() reads) sends the
     batch through the steps and the Featurizer; the features are then theirs."""

@@ -91,7 +91,7 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
     platform = get_platform(platform_name)
     op = resolve_workload(workload)
     known = network_tasks().get(op.key)
-    runs, per_model = {}, {}
+    runs, per_model, warnings = {}, {}, []
     for name in cost_models:
         curves = []
         for seed in seeds:
@@ -102,12 +102,15 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
                           seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
                           fine_tune=name == "tcl-ft" or (fine_tune and name == "tcl"))
             runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
+            warnings += [w for w in result["warnings"] if w not in warnings]
             curves.append(result["curves"][workload])
         per_model[name] = mean_curve(curves)
     out = {"platform": platform.name, "workload": workload, "trials": trials, "seeds": list(seeds),
            "fine_tune": fine_tune,
            "curves": {n: {"trials": t, "best_latency_s": b, "seconds": s} for n, (t, b, s) in per_model.items()},
            "runs": runs}
+    if warnings:  # a default KB that is not yet promoted (tcl.registry.default_kb_uri)
+        out["warnings"] = warnings
     if "tcl-ft" in per_model:
         out["ratios_fine_tune"] = ratios(per_model, "tcl-ft")
     tcl_name = "tcl" if "tcl" in per_model else "tcl-ft" if "tcl-ft" in per_model else None

@@ -318,7 +318,7 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, wor
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @click.option("--cost-models", default="tcl,xgb,random", show_default=True,
               help="Of tcl, tcl-ft (the KB fine-tuning on the run's measurements), xgb, mlp, random.")
-@click.option("--model", default=None, help="The KB (models:/ URI or .onnx; default the family's @production).")
+@click.option("--model", default=None, help="The KB (models:/ URI or .onnx; default the family's @production, else @candidate).")
 @click.option("--mlp-model", default=None, help="A trained mlp-tenset model, for --cost-models ...,mlp.")
 @click.option("--fine-tune", is_flag=True, help="The KB fine-tunes on each run's measurements (`tcl tune --fine-tune`).")
 @click.option("--kb-checkpoint", default=None,
@@ -340,8 +340,13 @@ def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost
 
     try:
         if candidates:
-            row = bench_cost_model(model or f"models:/tcl-kb-{get_platform(platform_name).family}@production",
-                                   workload, candidates, platform_name)
+            if model is None:
+                from tcl.registry import default_kb_uri
+
+                model, note = default_kb_uri(get_platform(platform_name).family)
+                if note:
+                    click.echo(f"warning: {note}", err=True)
+            row = bench_cost_model(model, workload, candidates, platform_name)
             click.echo(format_cost_model(row), err=as_json)
             if as_json:
                 click.echo(json.dumps(row))
@@ -353,6 +358,8 @@ def bench_tune_cmd(platform_name, workload, trials, trials_per_iter, seeds, cost
                             progress, fine_tune, kb_checkpoint)
     except (KeyError, ValueError, TclRegistryError, NotImplementedError) as exc:
         raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
+    for note in report.get("warnings", []):
+        click.echo(f"warning: {note}", err=True)
     click.echo(format_report(report), err=as_json)
     if as_json:
         from tcl.io import json_safe

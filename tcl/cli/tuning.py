@@ -52,7 +52,8 @@ def _tasks(workload, workload_db, task_index, network):
               help="Measurements in all (MetaSchedule's global budget).")
 @click.option("--cost-model", "cost_model", type=click.Choice(["tcl", "xgb", "mlp", "random"]), required=True)
 @click.option("--model", default=None,
-              help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production); "
+              help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production, else "
+                   "@candidate with a warning); "
                    "mlp: a trained mlp-tenset model.")
 @click.option("--fine-tune", is_flag=True,
               help="tcl: fine-tune the KB on the run's measurements after each batch (needs its checkpoint: "
@@ -117,6 +118,10 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
             text = "\n".join(str(exc).strip().splitlines()[:8])
             mlflow.set_tag("error", text[:500])
             _fail(f"{type(exc).__name__}: {text}", 1)
+        for note in result["warnings"]:
+            click.echo(f"warning: {note}", err=True)
+            mlflow.set_tag("warning", note[:500])
+        mlflow.set_tag("model", str(result["model"] or ""))
         for i, row in enumerate(result["tasks"]):
             if row["best_latency_s"] is not None:
                 mlflow.log_metric("best_latency_s", row["best_latency_s"], step=i)

@@ -114,8 +114,9 @@ def make_cost_model(kind: str, model: str | None, family: str | None, seed: int,
     if kind == "tcl":
         from tcl.tuner.cost_model import TCLCostModel
 
-        cm = TCLCostModel(model or f"models:/tcl-kb-{family}@production", family=family, threads=threads,
-                          fine_tune=fine_tune)
+        if not model:  # tcl.tuner.tune.tune resolves the family's registered KB
+            raise ValueError("--cost-model tcl needs a KB: a models:/ URI, an .onnx file or a checkpoint")
+        cm = TCLCostModel(model, family=family, threads=threads, fine_tune=fine_tune)
         return cm, cm.stats
     if fine_tune:
         raise ValueError(f"--fine-tune is for --cost-model tcl ({kind} {'learns online' if kind == 'xgb' else 'does not learn'})")

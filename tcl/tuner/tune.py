@@ -139,7 +139,9 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
     plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
     `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
-    `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s."""
+    `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s. Cost model
+    tcl without `model` serves the family's registered KB (`tcl.registry.default_kb_uri`: its
+    @production version, else its @candidate with a note in ``warnings``); ``model`` is the one used."""
     use_x86_intrinsics_only()
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
@@ -154,6 +156,12 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     out = Path(out)
     # the search's threads: the target's cores, else the threads the platform measures with
     cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
+    warnings = []
+    if cost_model == "tcl" and model is None:  # the family's served KB; before a promotion, its candidate
+        from tcl.registry import default_kb_uri
+
+        model, note = default_kb_uri(platform.family)
+        warnings += [note] if note else []
     cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune)
     runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
@@ -203,7 +211,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "tasks": rows, "weighted_latency_s": weighted, "seconds": seconds,
         "predict_calls": s.get("predict_calls"), "candidates_scored": s.get("candidates_scored"),
         "predict_seconds": s.get("predict_seconds"),
-        "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s,
+        "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s, "model": model,
+        "warnings": warnings,
     }
 
 
