@@ -540,6 +540,20 @@ def test_metaschedule_s_own_cost_models_are_counted_like_tcl_s(kind):
     assert (stats.predict_calls, stats.candidates_scored) == (2, 8) and stats.predict_seconds > 0
 
 
+def test_fine_tune_settings_of_one_run_go_over_params_yaml(kb_checkpoint):
+    """A study tries fine-tuning settings run by run (tune(..., fine_tune_settings=...)): they reach
+    the fine-tuner over params.yaml's tune.fine_tune, and a misspelt one is refused."""
+    from tcl.tuner.baselines import make_cost_model
+    from tcl.tuner.fine_tune import fine_tune_params
+
+    cm, _ = make_cost_model("tcl", str(kb_checkpoint), FAMILY, seed=0, threads=1, fine_tune=True,
+                            fine_tune_settings={"lr": 0.002})
+    assert cm.fine_tuner.p == {**fine_tune_params(), "lr": 0.002}
+    with pytest.raises(ValueError, match="stpes"):
+        make_cost_model("tcl", str(kb_checkpoint), FAMILY, seed=0, threads=1, fine_tune=True,
+                        fine_tune_settings={"stpes": 3})
+
+
 def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
     from click.testing import CliRunner
 

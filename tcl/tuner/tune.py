@@ -134,12 +134,14 @@ def _write_tasks_json(out: Path, tasks: list[TuneTask]) -> None:
 def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str, out: str | os.PathLike,
          model: str | None = None, seed: int = 0, rpc: RpcSettings | None = None,
          settings: MeasureSettings | None = None, progress: bool = True,
-         trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False, search: dict | None = None) -> dict:
+         trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False, search: dict | None = None,
+         fine_tune_settings: dict | None = None) -> dict:
     """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
     plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
     `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
-    `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s. Cost model
+    `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s;
+    `fine_tune_settings`: the fine-tuning's over `fine_tune_params()`'s. Cost model
     tcl without `model` serves the family's registered KB (`tcl.registry.default_kb_uri`: its
     @production version, else its @candidate with a note in ``warnings``); ``model`` is the one used."""
     use_x86_intrinsics_only()
@@ -162,7 +164,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
 
         model, note = default_kb_uri(platform.family)
         warnings += [note] if note else []
-    cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune)
+    cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune,
+                                fine_tune_settings=fine_tune_settings)
     runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
     database = open_database(out)
@@ -171,7 +174,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     atomic_write_json(out / "tune.json", {
         "platform": platform.name, "family": platform.family, "target": platform.target,
         "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
-        "fine_tune_params": _fine_tune_params() if fine_tune else None, "trials": trials,
+        "fine_tune_params": _fine_tune_params(fine_tune_settings) if fine_tune else None, "trials": trials,
         "seed": seed, "settings": settings.as_dict(), "search": search, "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
@@ -223,10 +226,10 @@ def search_params(overrides: dict | None = None) -> dict:
     return tune_settings("search", DEFAULT_SEARCH, overrides)
 
 
-def _fine_tune_params() -> dict:
+def _fine_tune_params(overrides: dict | None) -> dict:
     from tcl.tuner.fine_tune import fine_tune_params
 
-    return fine_tune_params()
+    return fine_tune_params(overrides)
 
 
 def _tvm_version() -> str:
