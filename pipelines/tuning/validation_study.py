@@ -31,7 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 
 VALIDATION_TASKS = "conv2d_14_64_384_1_1,dense_196_768_192"
-KB_CHECKPOINT = "models/amd-zen4-avx512"  # the main job's KB of the family (its checkpoint)
+KB_CHECKPOINT = "models/amd-zen4-avx512"  # the main job's KB of the family: its checkpoint (tcl-ft)
+KB_ONNX = "models/amd-zen4-avx512.onnx"    # and its export (tcl, served)
 
 
 def run(args) -> None:
@@ -43,7 +44,7 @@ def run(args) -> None:
     done = {(r["task"], r["name"], r["seed"]) for r in read_rows(out)} if out.exists() else set()
     platform = get_platform(args.platform)
     kind = "tcl" if args.cost_model in ("tcl", "tcl-ft") else args.cost_model
-    model = args.model if kind in ("tcl", "mlp") else None
+    model = args.model or {"tcl": KB_ONNX, "tcl-ft": KB_CHECKPOINT}.get(args.cost_model)
     for workload in args.tasks.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             if (workload, args.name, seed) in done:
@@ -107,7 +108,8 @@ def main() -> None:
     r = sub.add_parser("run", help="tune each task with each seed under one setting; append the rows")
     r.add_argument("--name", required=True, help="the setting's name in the rows")
     r.add_argument("--cost-model", required=True, choices=["tcl", "tcl-ft", "xgb", "mlp", "random"])
-    r.add_argument("--model", default=KB_CHECKPOINT, help="tcl/tcl-ft: the KB; mlp: the Tenset-MLP")
+    r.add_argument("--model", default=None, help="tcl: the KB (default its ONNX export), tcl-ft: its checkpoint "
+                   "(default the main job's), mlp: the Tenset-MLP (required)")
     r.add_argument("--search", default=None, help="JSON over tune.search, e.g. '{\"population_size\": 2048}'")
     r.add_argument("--fine-tune", default=None, help="JSON over tune.fine_tune, e.g. '{\"lr\": 0.002}'")
     r.add_argument("--tasks", default=VALIDATION_TASKS)
