@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -71,11 +70,13 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def first_reach(trials: list[int], best: list[float], level: float) -> int | None:
-    return next((t for t, b in zip(trials, best) if b <= level), None)
-
-
 def summary(args) -> None:
+    from tcl.bench.tune import first_reaching, mean_curve
+
+    def reach(trials, best, level):  # the trial count at which the pooled curve first gets to level
+        i = first_reaching(best, level)
+        return "-" if i is None else str(trials[i])
+
     by = defaultdict(lambda: defaultdict(dict))  # task -> name -> seed -> row
     for row in read_rows(Path(args.rows)):
         by[row["task"]][row["name"]][row["seed"]] = row
@@ -87,18 +88,16 @@ def summary(args) -> None:
         pooled = {}
         for name, runs in names.items():
             rows = [runs[s] for s in seeds]
-            n = min(len(r["curve"]["best"]) for r in rows)
-            best = [math.exp(sum(math.log(r["curve"]["best"][i]) for r in rows) / len(rows)) for i in range(n)]
-            pooled[name] = (rows[0]["curve"]["trials"][:n], best, [r["curve"]["best"][-1] for r in rows],
+            trials, best, _ = mean_curve([r["curve"] for r in rows])
+            pooled[name] = (trials, best, [r["curve"]["best"][-1] for r in rows],
                             sum(r["seconds"] for r in rows) / len(rows))
         top = min(p[1][-1] for p in pooled.values())
         levels = {k: pooled[k][1][-1] for k in (args.baseline, args.reference) if k in pooled}
         for name, (trials, best, finals, seconds) in sorted(pooled.items()):
-            reach = [str(first_reach(trials, best, levels[k]) or "-") if k in levels else "?"
-                     for k in (args.baseline, args.reference)]
-            near = [str(first_reach(trials, best, top * f) or "-") for f in (1.01, 1.005)]
+            hits = [reach(trials, best, levels[k]) if k in levels else "?" for k in (args.baseline, args.reference)]
+            near = [reach(trials, best, top * f) for f in (1.01, 1.005)]
             print(f"| {task} | {name} | {best[-1] * 1e6:.2f} [{', '.join(f'{x * 1e6:.1f}' for x in finals)}] | "
-                  f"{reach[0]} | {reach[1]} | {' / '.join(near)} | {seconds:.0f} |")
+                  f"{hits[0]} | {hits[1]} | {' / '.join(near)} | {seconds:.0f} |")
     print(f"\nseeds: those every setting of a task ran; baseline {args.baseline}, reference {args.reference}")
 
 
