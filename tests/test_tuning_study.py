@@ -67,3 +67,30 @@ def test_a_metrics_report_pools_as_its_seeds_runs_and_models_filter(tmp_path):
     assert "| dense | tcl | xgb | 3 / 3 |" in from_runs and "| dense | tcl | random | 3 / 3 |" in from_runs
     filtered = table(report_dir, other, models="tcl,xgb")
     assert "random" not in filtered and "| dense | tcl | xgb | 3 / 3 |" in filtered
+
+
+def test_bootstrap_intervals_count_a_task_not_reached_at_its_upper_bound(tmp_path):
+    """--bootstrap: per task and over all tasks, the speedup's resampled interval; where TCL never
+    reaches the baseline's final latency the task counts at the speedup's upper bound (the
+    baseline's trials to its final latency / TCL's budget). With one run a cell every resample is
+    the point estimate. A metrics folder (one mean curve, not one per run) is refused."""
+    runs = tmp_path / "runs"
+    write_run(runs, "dense", "tcl-seed0", [4e-3, 2e-3, 2e-3, 2e-3])   # reaches xgb's 2 ms at trial 2
+    write_run(runs, "dense", "xgb-seed0", [8e-3, 4e-3, 4e-3, 2e-3])   # its final 2 ms at trial 4: 2x
+    write_run(runs, "conv", "tcl-seed0", [5e-3, 5e-3, 5e-3, 5e-3])    # never reaches 3 ms
+    write_run(runs, "conv", "xgb-seed0", [6e-3, 4e-3, 3e-3, 3e-3])    # 3 ms at trial 3: at most 3/4
+    out = tmp_path / "pooled.md"
+    subprocess.run([sys.executable, str(SCRIPT), str(runs), "--every", "1", "--bootstrap", "50",
+                    "--markdown", str(out)], capture_output=True, text=True, cwd=ROOT, check=True)
+    text = out.read_text()
+    assert "| conv | tcl | xgb | 1 / 1 | 5000.0 / 3000.0 | not reached | 0.600 |" in text
+    assert "| tcl | xgb | conv | 1 / 1 | 0.75x | 0.75x | 0.75x - 0.75x | 0% |" in text
+    assert "| tcl | xgb | dense | 1 / 1 | 2.00x | 2.00x | 2.00x - 2.00x | 0% |" in text
+    assert "| tcl | xgb | all 2 (geometric mean) |  | 1.22x | 1.22x | 1.22x - 1.22x | 0% |" in text
+
+    report_dir = tmp_path / "metrics"
+    report_dir.mkdir()
+    (report_dir / "dense.json").write_text(json.dumps({"workload": "dense", "seeds": [0], "curves": {}}))
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(report_dir), "--every", "1", "--bootstrap", "50"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "not one per run" in proc.stderr

@@ -15,6 +15,14 @@ pipelines/tuning/dvc.yaml` (from a DVC cache that holds them); its metrics are i
 
     python pipelines/tuning/pool_runs.py pipelines/tuning/runs /tmp/old/pipelines/tuning/metrics \
         --every 16 --markdown /tmp/pooled.md
+
+With `--bootstrap N` the tables get intervals: each resample draws, per task and cost model, as
+many runs as there are with replacement, pools them as above and recomputes the speedups. So that
+every resample has a figure over all tasks, a task on which TCL does not reach the baseline's
+final latency counts at the speedup's upper bound there (the baseline's trials to its final
+latency / TCL's whole budget: reaching it later would only lower it). The bootstrap needs one
+curve per run, i.e. ROOTs of run folders, not metrics folders (whose per-seed curves are copies
+of one mean curve): a metrics folder with --bootstrap is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 from pathlib import Path
 
 from tcl.bench.tune import TCL_VARIANTS, mean_curve, ratios
@@ -63,11 +72,14 @@ def report_curves(report: dict, every: int) -> dict:
     return out
 
 
-def pooled(roots: list[Path], every: int) -> dict:
-    """{task: {model: [run curves]}} over every root."""
+def pooled(roots: list[Path], every: int, runs_only: bool = False) -> dict:
+    """{task: {model: [run curves]}} over every root (`runs_only`: refuse a metrics folder)."""
     out: dict = {}
     for root in roots:
         reports = sorted(root.glob("*.json"))
+        if reports and runs_only:
+            raise SystemExit(f"{root}: a metrics folder holds one mean curve per task, not one per run: "
+                             "give the study's run folders (pipelines/tuning/runs*)")
         for path in reports:  # a metrics folder: one report per task
             report = json.loads(path.read_text())
             for model, curves in report_curves(report, every).items():
@@ -110,6 +122,64 @@ def table(runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speedup_or_bound(curves: dict, variant: str, base: str) -> float:
+    """TCL's trial speedup against `base`; where it never reaches the baseline's final latency,
+    the speedup's upper bound (the baseline's trials to its final latency / TCL's whole budget)."""
+    r = ratios(curves, variant)[base]
+    if r["speedup_trials"] is not None:
+        return r["speedup_trials"]
+    return r["baseline_trials_to_final"] / curves[variant][0][-1]
+
+
+def bootstrap(runs: dict, resamples: int, seed: int) -> dict:
+    """{(variant, base): {"tasks": [...], "all": point estimate over all tasks, "task": {task:
+    point}, "samples": [over all tasks, one a resample], "task_samples": {task: [...]}}}: per
+    resample, each task's runs of each model drawn with replacement (speedup_or_bound)."""
+    rng = random.Random(seed)
+    pairs = sorted({(v, b) for models in runs.values() for v in TCL_VARIANTS if v in models
+                    for b in models if b not in TCL_VARIANTS})
+    out = {}
+    for variant, base in pairs:
+        tasks = sorted(t for t, models in runs.items() if variant in models and base in models)
+        point = {t: speedup_or_bound({m: mean_curve(runs[t][m]) for m in (variant, base)}, variant, base)
+                 for t in tasks}
+        task_samples: dict = {t: [] for t in tasks}
+        samples = []
+        for _ in range(resamples):
+            for t in tasks:
+                curves = {m: mean_curve([rng.choice(runs[t][m]) for _ in runs[t][m]]) for m in (variant, base)}
+                task_samples[t].append(speedup_or_bound(curves, variant, base))
+            samples.append(geomean([task_samples[t][-1] for t in tasks]))
+        out[(variant, base)] = {"tasks": tasks, "task": point, "all": geomean(list(point.values())),
+                                "samples": samples, "task_samples": task_samples}
+    return out
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile of values (linear interpolation between order statistics)."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = math.floor(pos)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (pos - lo)
+
+
+def interval_table(boot: dict, runs: dict, resamples: int, seed: int, target: float = 3.0) -> str:
+    lines = [f"Bootstrap over runs ({resamples} resamples, seed {seed}; a task not reached counts at its "
+             "upper bound): trial speedup, point estimate from all runs, the resamples' median and 90% "
+             f"interval (5th-95th percentile), share of resamples at or above {target:g}x.", "",
+             "| TCL | baseline | task | runs | speedup | median | 90% interval | resamples >= "
+             f"{target:g}x |", "|---|---|---|---|---|---|---|---|"]
+    for (variant, base), b in sorted(boot.items()):
+        rows = [(t, f"{len(runs[t][variant])} / {len(runs[t][base])}", b["task"][t], b["task_samples"][t])
+                for t in b["tasks"]]
+        rows.append((f"all {len(b['tasks'])} (geometric mean)", "", b["all"], b["samples"]))
+        for task, n, point, samples in rows:
+            share = sum(s >= target for s in samples) / len(samples)
+            lines.append(f"| {variant} | {base} | {task} | {n} | {point:.2f}x | {quantile(samples, 0.5):.2f}x | "
+                         f"{quantile(samples, 0.05):.2f}x - {quantile(samples, 0.95):.2f}x | {share:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("roots", nargs="+", type=Path, help="study run folders (pipelines/tuning/runs)")
@@ -119,12 +189,18 @@ def main() -> None:
                          "every occasion, as many runs each: then an occasion's machine speed scales "
                          "every pooled curve alike and cancels in the ratios")
     ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                    help="add 90%% intervals of the speedups from N resamples of the runs (run folders only)")
+    ap.add_argument("--bootstrap-seed", type=int, default=0)
     args = ap.parse_args()
-    runs = pooled(args.roots, args.every)
+    runs = pooled(args.roots, args.every, runs_only=args.bootstrap > 0)
     if args.models:
         keep = set(args.models.split(","))
         runs = {task: {m: c for m, c in models.items() if m in keep} for task, models in runs.items()}
     text = table(runs)
+    if args.bootstrap > 0:
+        boot = bootstrap(runs, args.bootstrap, args.bootstrap_seed)
+        text += "\n" + interval_table(boot, runs, args.bootstrap, args.bootstrap_seed)
     print(text, end="")
     if args.markdown:
         atomic_write_text(args.markdown, text)
