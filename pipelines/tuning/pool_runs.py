@@ -33,6 +33,8 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
+
 from tcl.bench.tune import TCL_VARIANTS, mean_curve, ratios
 from tcl.io import atomic_write_text
 from tcl.records import FAILED_LATENCY
@@ -155,14 +157,6 @@ def bootstrap(runs: dict, resamples: int, seed: int) -> dict:
     return out
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile of values (linear interpolation between order statistics)."""
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = math.floor(pos)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (pos - lo)
-
-
 def interval_table(boot: dict, runs: dict, resamples: int, seed: int, target: float = 3.0) -> str:
     lines = [f"Bootstrap over runs ({resamples} resamples, seed {seed}; a task not reached counts at its "
              "upper bound): trial speedup, point estimate from all runs, the resamples' median and 90% "
@@ -175,8 +169,8 @@ def interval_table(boot: dict, runs: dict, resamples: int, seed: int, target: fl
         rows.append((f"all {len(b['tasks'])} (geometric mean)", "", b["all"], b["samples"]))
         for task, n, point, samples in rows:
             share = sum(s >= target for s in samples) / len(samples)
-            lines.append(f"| {variant} | {base} | {task} | {n} | {point:.2f}x | {quantile(samples, 0.5):.2f}x | "
-                         f"{quantile(samples, 0.05):.2f}x - {quantile(samples, 0.95):.2f}x | {share:.0%} |")
+            lines.append(f"| {variant} | {base} | {task} | {n} | {point:.2f}x | {np.quantile(samples, 0.5):.2f}x | "
+                         f"{np.quantile(samples, 0.05):.2f}x - {np.quantile(samples, 0.95):.2f}x | {share:.0%} |")
     return "\n".join(lines) + "\n"
 
 
