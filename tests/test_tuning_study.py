@@ -94,3 +94,51 @@ def test_bootstrap_intervals_count_a_task_not_reached_at_its_upper_bound(tmp_pat
     proc = subprocess.run([sys.executable, str(SCRIPT), str(report_dir), "--every", "1", "--bootstrap", "50"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "not one per run" in proc.stderr
+
+
+def test_kb_ranks_locates_each_runs_programs_and_the_fastest_in_the_kbs_ranking(tmp_path):
+    """pipelines/tuning/kb_ranks.py on real MetaSchedule records (the dense_256 fixture, its 24
+    measured programs split into two runs): every program read back and scored, each run's mean
+    percentile in the KB's ranking, and the pool's fastest programs located; the figures agree
+    with scoring the same features directly."""
+    import numpy as np
+    import torch
+
+    from tcl.features import Featurizer, featurize_file
+    from tcl.models import new_model
+    from tcl.records.ingest import ingest
+    from .conftest import fixture_path
+
+    src = fixture_path("metaschedule/dense_256")
+    lines = (src / "database_tuning_record.json").read_text().splitlines()
+    runs = tmp_path / "runs"
+    for name, part in (("tcl-seed0", lines[:12]), ("xgb-seed0", lines[12:])):
+        d = runs / "dense_256" / name
+        d.mkdir(parents=True)
+        (d / "database_workload.json").write_text((src / "database_workload.json").read_text())
+        (d / "database_tuning_record.json").write_text("\n".join(part) + "\n")
+    torch.manual_seed(0)
+    featurizer = Featurizer(48)
+    model = new_model("mlp", featurizer.n_features, {"hidden": 16, "n_layers": 1}, feature_meta=featurizer.meta)
+    model.save(tmp_path / "kb.pt")
+    out = tmp_path / "ranks.md"
+    subprocess.run([sys.executable, str(ROOT / "pipelines" / "tuning" / "kb_ranks.py"), str(runs), "--model",
+                    str(tmp_path / "kb.pt"), "--platform", "znver4-avx512-t2", "--top", "3", "--markdown", str(out)],
+                   capture_output=True, text=True, cwd=ROOT, check=True)
+    row = [line for line in out.read_text().splitlines() if line.startswith("| dense_256 |")]
+    assert len(row) == 1 and "| 24 |" in row[0]
+
+    # the same figures from the features scored directly
+    ingest(src, "znver4-avx512-t2", tmp_path / "all.parquet")
+    fs = featurize_file(tmp_path / "all.parquet", tmp_path / "all.npz", 48)
+    latency = np.asarray(fs.latency, np.float64)
+    score = model.predict(fs.x, fs.mask)
+    rank = np.empty(len(score))
+    rank[np.argsort(-score, kind="stable")] = np.arange(len(score))
+    percentile = rank / (len(score) - 1)
+    # the fixture's records are read in file order: the first 12 are run tcl-seed0's
+    assert f"tcl-seed0: {1e6 * latency[:12].min():.1f}, {percentile[:12].mean():.2f}" in row[0]
+    assert f"xgb-seed0: {1e6 * latency[12:].min():.1f}, {percentile[12:].mean():.2f}" in row[0]
+    fastest = np.argsort(latency, kind="stable")[:3]
+    p = percentile[fastest]
+    assert row[0].endswith(f"| {np.median(p):.2f} [{p.min():.2f}, {p.max():.2f}] |")
