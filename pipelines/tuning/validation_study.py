@@ -35,6 +35,7 @@ KB_ONNX = "models/amd-zen4-avx512.onnx"    # and its export (tcl, served)
 
 
 def run(args) -> None:
+    from tcl.collect.measure import MeasureSettings
     from tcl.collect.workloads import build_workload, describe, resolve_workload
     from tcl.hardware import get_platform
     from tcl.tuner.tune import TuneTask, tune
@@ -44,6 +45,8 @@ def run(args) -> None:
     platform = get_platform(args.platform)
     kind = "tcl" if args.cost_model in ("tcl", "tcl-ft") else args.cost_model
     model = args.model or {"tcl": KB_ONNX, "tcl-ft": KB_CHECKPOINT}.get(args.cost_model)
+    settings = (None if args.min_repeat_ms is None
+                else MeasureSettings(number=1, repeat=3, min_repeat_ms=args.min_repeat_ms))
     for workload in args.tasks.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             if (workload, args.name, seed) in done:
@@ -54,7 +57,8 @@ def run(args) -> None:
             result = tune(platform, [task], args.trials, kind, db, model=model, seed=seed, progress=False,
                           trials_per_iter=args.trials_per_iter, fine_tune=args.cost_model == "tcl-ft",
                           search=json.loads(args.search) if args.search else None,
-                          fine_tune_settings=json.loads(args.fine_tune) if args.fine_tune else None)
+                          fine_tune_settings=json.loads(args.fine_tune) if args.fine_tune else None,
+                          settings=settings)
             used = json.loads((db / "tune.json").read_text())
             row = {"task": workload, "name": args.name, "cost_model": args.cost_model, "seed": seed,
                    "model": model, "search": used["search"], "fine_tune_params": used["fine_tune_params"],
@@ -118,6 +122,9 @@ def main() -> None:
     r.add_argument("--platform", default="znver4-avx512-t2")
     r.add_argument("--work", default="runs/validation-study", help="the tuning databases")
     r.add_argument("--out", required=True, help="ROWS.jsonl (appended)")
+    r.add_argument("--min-repeat-ms", type=int, default=None,
+                   help="measure as `tcl bench tune --min-repeat-ms N` does (number 1, repeat 3); "
+                        "default: tcl tune's measurement settings")
     s = sub.add_parser("summary", help="each setting's pooled curve against the baseline's and the reference's")
     s.add_argument("rows")
     s.add_argument("--baseline", default="default")
