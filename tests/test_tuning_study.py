@@ -142,3 +142,34 @@ def test_kb_ranks_locates_each_runs_programs_and_the_fastest_in_the_kbs_ranking(
     fastest = np.argsort(latency, kind="stable")[:3]
     p = percentile[fastest]
     assert row[0].endswith(f"| {np.median(p):.2f} [{p.min():.2f}, {p.max():.2f}] |")
+
+
+def test_validation_summary_reads_each_settings_final_against_the_baseline_over_shared_seeds(tmp_path):
+    """pipelines/tuning/validation_study.py summary: the seeds pooled are those every kept setting
+    of a task ran (geometric mean of the curves), and the rule's figures are the geometric mean
+    over the tasks of a setting's final over the baseline's and its worst task."""
+    def row(task, name, seed, best):
+        return {"task": task, "name": name, "seed": seed, "seconds": 10.0,
+                "curve": {"trials": [16, 32], "best": best, "seconds": [5.0, 10.0]}}
+    rows = [row("conv", "base", 0, [4e-6, 2e-6]), row("conv", "base", 1, [4e-6, 8e-6]),
+            row("conv", "wide", 0, [4e-6, 1e-6]), row("conv", "wide", 1, [2e-6, 2e-6]),
+            row("dense", "base", 0, [9e-6, 9e-6]), row("dense", "wide", 0, [9e-6, 9.9e-6]),
+            row("conv", "ref", 0, [5e-6, 5e-6])]  # ref ran seed 0 only
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = ROOT / "pipelines" / "tuning" / "validation_study.py"
+
+    def summary(*extra):
+        return subprocess.run([sys.executable, str(script), "summary", str(path), "--baseline", "base",
+                               "--reference", "ref", *extra], capture_output=True, text=True, cwd=ROOT,
+                              check=True).stdout
+
+    # base and wide alone: conv pools seeds 0-1 (finals 4 µs and 1.41 µs: 0.354; wide's curve is
+    # at base's final from trial 16, within 1 % of the best from 32), dense seed 0 (1.1)
+    out = summary("--names", "base,wide")
+    assert "| conv | wide | 1.41 [1.0, 2.0] | 16 | ? | 32 / 32 |" in out, out
+    assert "wide over base, final latency on 2 tasks: geometric mean 0.6236, worst 1.1000 (dense)" in out, out
+    # every setting: conv pools seed 0 only, the one ref ran (2 µs, 1 µs, 5 µs)
+    out = summary()
+    assert "wide over base, final latency on 2 tasks: geometric mean 0.7416, worst 1.1000 (dense)" in out, out
+    assert "ref over base, final latency on 1 tasks: geometric mean 2.5000, worst 2.5000 (conv)" in out, out

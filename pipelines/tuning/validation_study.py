@@ -19,13 +19,16 @@ appended to ROWS, so an interrupted study resumes where it stopped.
 The summary pools each setting's seeds (geometric mean of the best-latency curves, the seeds every
 setting ran) and gives, per task: the final latency, the trial at which the pooled curve first
 reaches the baseline's and the reference's final latency, and within 1 % / 0.5 % of the best
-final of all settings.
+final of all settings; then, per setting, the geometric mean over the tasks of its final over the
+baseline's and its worst task (the figures a rule such as "adopt if <= 0.99 and no task > 1.02" reads).
+`--names` keeps only some settings (and so pools the seeds those ran).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -81,9 +84,12 @@ def summary(args) -> None:
         i = first_reaching(best, level)
         return "-" if i is None else str(trials[i])
 
+    names = set(args.names.split(",")) if args.names else None
     by = defaultdict(lambda: defaultdict(dict))  # task -> name -> seed -> row
     for row in read_rows(Path(args.rows)):
-        by[row["task"]][row["name"]][row["seed"]] = row
+        if names is None or row["name"] in names:
+            by[row["task"]][row["name"]][row["seed"]] = row
+    final_of = defaultdict(dict)  # name -> task -> pooled final latency
     print("| task | setting | final µs (geometric mean) [each seed] | reaches baseline's final | reaches "
           "reference's final | within 1 % / 0.5 % of the best | seconds a run |")
     print("|---|---|---|---|---|---|---|")
@@ -96,6 +102,8 @@ def summary(args) -> None:
             pooled[name] = (trials, best, [r["curve"]["best"][-1] for r in rows],
                             sum(r["seconds"] for r in rows) / len(rows))
         top = min(p[1][-1] for p in pooled.values())
+        for name, p in pooled.items():
+            final_of[name][task] = p[1][-1]
         levels = {k: pooled[k][1][-1] for k in (args.baseline, args.reference) if k in pooled}
         for name, (trials, best, finals, seconds) in sorted(pooled.items()):
             hits = [reach(trials, best, levels[k]) if k in levels else "?" for k in (args.baseline, args.reference)]
@@ -103,6 +111,16 @@ def summary(args) -> None:
             print(f"| {task} | {name} | {best[-1] * 1e6:.2f} [{', '.join(f'{x * 1e6:.1f}' for x in finals)}] | "
                   f"{hits[0]} | {hits[1]} | {' / '.join(near)} | {seconds:.0f} |")
     print(f"\nseeds: those every setting of a task ran; baseline {args.baseline}, reference {args.reference}")
+    base = final_of.get(args.baseline, {})
+    for name, by_task in sorted(final_of.items()):
+        shared = sorted(set(by_task) & set(base))
+        if name == args.baseline or not shared:
+            continue
+        rel = {t: by_task[t] / base[t] for t in shared}
+        worst = max(rel, key=rel.get)
+        print(f"{name} over {args.baseline}, final latency on {len(shared)} tasks: geometric mean "
+              f"{math.exp(sum(math.log(r) for r in rel.values()) / len(rel)):.4f}, "
+              f"worst {rel[worst]:.4f} ({worst})")
 
 
 def main() -> None:
@@ -129,6 +147,8 @@ def main() -> None:
     s.add_argument("rows")
     s.add_argument("--baseline", default="default")
     s.add_argument("--reference", default="xgb")
+    s.add_argument("--names", default=None, help="only these settings (comma-separated): the seeds pooled are "
+                   "those all of them ran")
     args = ap.parse_args()
     run(args) if args.command == "run" else summary(args)
 
