@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -119,7 +119,7 @@ def summary(args) -> None:
         rel = {t: by_task[t] / base[t] for t in shared}
         worst = max(rel, key=rel.get)
         print(f"{name} over {args.baseline}, final latency on {len(shared)} tasks: geometric mean "
-              f"{math.exp(sum(math.log(r) for r in rel.values()) / len(rel)):.4f}, "
+              f"{statistics.geometric_mean(rel.values()):.4f}, "
               f"worst {rel[worst]:.4f} ({worst})")
 
 
