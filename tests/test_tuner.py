@@ -638,3 +638,63 @@ def test_candidate_features_fall_back_to_the_featurizer_for_what_the_library_ref
     assert x.tobytes() == x_ref.tobytes() and mask.tobytes() == m_ref.tobytes()
     features(candidates)  # the next batch takes the library again
     assert features.path == "library"
+
+
+def test_exploration_ranks_a_share_at_random_only_while_a_task_stalls():
+    """tcl.tuner.explore: a task counts as stalled after `patience` measured batches without a new
+    best `min_gain` below the last; while stalled, `apply` gives about `share_max` of a chunk a
+    score drawn from the same chunk (the scores' multiset is kept), seeded; a new best ends it."""
+    from tcl.tuner.explore import Exploration, explore_params
+
+    e = Exploration(explore_params({"share_max": 0.25, "patience": 2, "min_gain": 0.01}), seed=3)
+    scores = np.linspace(0.01, 0.99, 2000)
+    assert e.apply("a", scores) is scores  # nothing measured yet: the KB's ranking as it is
+    inf = float("inf")
+    for batch, stalled in (([3.0, 2.0, inf], 0), ([1.995, 2.5], 1), ([inf, inf], 2)):
+        e.observe("a", np.array(batch))   # 1.995 is 0.25 % below 2.0: not progress
+        assert e.stalled["a"] == stalled
+    assert e.best["a"] == 1.995 and e.share("a") == 0.25 and e.share("b") == 0.0
+    out = e.apply("a", scores)
+    changed = np.mean(out != scores)
+    assert 0.2 < changed < 0.3
+    assert set(out) <= set(scores)  # drawn from the chunk, not invented
+    assert e.apply("b", scores) is scores  # another task keeps its own count
+    again = Exploration(explore_params({"share_max": 0.25, "patience": 2}), seed=3)
+    for batch in ([3.0, 2.0, inf], [1.995, 2.5], [inf, inf]):
+        again.observe("a", np.array(batch))
+    assert np.array_equal(again.apply("a", scores), out)  # the run's seed fixes the draws
+    e.observe("a", np.array([1.9]))  # 4.8 % below: progress, the KB steers again
+    assert e.share("a") == 0.0 and e.apply("a", scores) is scores
+    assert [h["stalled"] for h in e.history] == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="share_max"):
+        explore_params({"share_max": 1.5})
+    with pytest.raises(ValueError, match=r"unknown tune.explore settings \['shar_max'\]"):
+        explore_params({"shar_max": 0.2})
+
+
+def test_tune_with_explore_records_each_batch_and_is_for_tcl_only(kb, tmp_path, store):
+    """A real run with `explore` (any batch short of halving the best stalls it): one reading per
+    measured batch in the stats, the settings in tune.json; a peer refuses the switch."""
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.collect.measure import MeasureSettings
+    from tcl.collect.workloads import build_workload, resolve_workload
+    from tcl.hardware import get_platform
+    from tcl.tuner.tune import TuneTask, tune
+
+    task = TuneTask("dense_64", build_workload(resolve_workload("dense_64")))
+    explore = {"share_max": 0.5, "patience": 1, "min_gain": 0.5}
+    result = tune(get_platform(PLATFORM), [task], 12, "tcl", tmp_path / "db", model=str(kb), progress=False,
+                  trials_per_iter=4, settings=MeasureSettings(repeat=1, min_repeat_ms=0), explore=explore)
+    readings = result["stats"]["explore"]
+    assert [r["measured"] for r in readings] == [4, 4, 4] and result["tasks"][0]["trials"] == 12
+    assert readings[0]["stalled"] == 0 and readings[0]["share"] == 0.0  # the first best is progress
+    for r in readings[1:]:
+        assert r["share"] == (0.5 if r["stalled"] >= 1 else 0.0)
+    assert json.loads((tmp_path / "db" / "tune.json").read_text())["explore"] == explore
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--workload", "dense_64",
+                                    "--cost-model", "xgb", "--explore", "0.2", "--out", str(tmp_path / "x"),
+                                    "--no-progress"])
+    assert res.exit_code == 2 and "--explore is for --cost-model tcl" in res.output
+    assert not (tmp_path / "x").exists()

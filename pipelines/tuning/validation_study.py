@@ -1,6 +1,7 @@
 """Tuner settings tried on validation tasks before any goes to the study's held-out tasks.
 
-A setting of the search (params.yaml ``tune.search``) or of the fine-tuning (``tune.fine_tune``)
+A setting of the search (params.yaml ``tune.search``), of the fine-tuning (``tune.fine_tune``) or of
+the KB's exploration (``tune.explore``)
 is tried here first, on tasks of the KB's validation split (its training read them only to choose
 epochs; never the held-out networks' tasks the study reports), with a rule written before the runs.
 Each run is one `tcl.tuner.tune.tune` call, as `tcl bench tune` makes it (platform
@@ -14,7 +15,7 @@ appended to ROWS, so an interrupted study resumes where it stopped.
     python pipelines/tuning/validation_study.py run --name pop2048 --cost-model tcl-ft \
         --search '{"population_size": 2048}' --out ROWS.jsonl
     python pipelines/tuning/validation_study.py run --name xgb --cost-model xgb --out ROWS.jsonl
-    python pipelines/tuning/validation_study.py summary ROWS.jsonl --baseline default --reference xgb
+    python pipelines/tuning/validation_study.py summary ROWS.jsonl [MORE.jsonl] --baseline default --reference xgb
 
 The summary pools each setting's seeds (geometric mean of the best-latency curves, the seeds every
 setting ran) and gives, per task: the final latency, the trial at which the pooled curve first
@@ -61,12 +62,14 @@ def run(args) -> None:
                           trials_per_iter=args.trials_per_iter, fine_tune=args.cost_model == "tcl-ft",
                           search=json.loads(args.search) if args.search else None,
                           fine_tune_settings=json.loads(args.fine_tune) if args.fine_tune else None,
-                          settings=settings)
+                          explore=json.loads(args.explore) if args.explore else None, settings=settings)
             used = json.loads((db / "tune.json").read_text())
             row = {"task": workload, "name": args.name, "cost_model": args.cost_model, "seed": seed,
                    "model": model, "search": used["search"], "fine_tune_params": used["fine_tune_params"],
                    "trials": args.trials, "curve": result["curves"][workload], "seconds": result["seconds"],
                    "candidates_scored": result["candidates_scored"], "predict_seconds": result["predict_seconds"]}
+            if used.get("explore") and used["explore"]["share_max"] > 0:  # its settings and readings
+                row.update(explore=used["explore"], explore_readings=result["stats"]["explore"])
             with out.open("a") as f:  # one line a run: a crash loses at most the run under way
                 f.write(json.dumps(row) + "\n")
             print(workload, args.name, seed, f"{row['curve']['best'][-1] * 1e6:.2f} us", f"{row['seconds']:.0f} s",
@@ -86,7 +89,7 @@ def summary(args) -> None:
 
     names = set(args.names.split(",")) if args.names else None
     by = defaultdict(lambda: defaultdict(dict))  # task -> name -> seed -> row
-    for row in read_rows(Path(args.rows)):
+    for row in (r for path in args.rows for r in read_rows(Path(path))):
         if names is None or row["name"] in names:
             by[row["task"]][row["name"]][row["seed"]] = row
     final_of = defaultdict(dict)  # name -> task -> pooled final latency
@@ -133,6 +136,7 @@ def main() -> None:
                    "(default the main job's), mlp: the Tenset-MLP (required)")
     r.add_argument("--search", default=None, help="JSON over tune.search, e.g. '{\"population_size\": 2048}'")
     r.add_argument("--fine-tune", default=None, help="JSON over tune.fine_tune, e.g. '{\"lr\": 0.002}'")
+    r.add_argument("--explore", default=None, help="JSON over tune.explore, e.g. '{\"share_max\": 0.2}'")
     r.add_argument("--tasks", default=VALIDATION_TASKS)
     r.add_argument("--seeds", default="0,1,2")
     r.add_argument("--trials", type=int, default=128)
@@ -144,7 +148,7 @@ def main() -> None:
                    help="measure as `tcl bench tune --min-repeat-ms N` does (number 1, repeat 3); "
                         "default: tcl tune's measurement settings")
     s = sub.add_parser("summary", help="each setting's pooled curve against the baseline's and the reference's")
-    s.add_argument("rows")
+    s.add_argument("rows", nargs="+", help="ROWS.jsonl files (a later study's rows beside an earlier one's)")
     s.add_argument("--baseline", default="default")
     s.add_argument("--reference", default="xgb")
     s.add_argument("--names", default=None, help="only these settings (comma-separated): the seeds pooled are "

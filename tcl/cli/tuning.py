@@ -58,6 +58,9 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--fine-tune", is_flag=True,
               help="tcl: fine-tune the KB on the run's measurements after each batch (needs its checkpoint: "
                    "a models:/ URI or a checkpoint file/directory as --model; params.yaml tune.fine_tune).")
+@click.option("--explore", "explore_share", type=click.FloatRange(0, 1), default=None,
+              help="tcl: rank this share of the candidates at random while the run's "
+                   "measured batches stop lowering the best latency (default params.yaml tune.explore share_max; 0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
 @click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
@@ -68,8 +71,8 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--experiment", default=TUNE_EXPERIMENT, show_default=True, help="MLflow experiment.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
-def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, fine_tune, seed,
-         out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
+def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, fine_tune,
+         explore_share, seed, out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
     from ..hardware import get_platform, require_measurable
@@ -90,17 +93,24 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     from ..tuner.tune import search_params
     from ..tuner.tune import tune as run_tune
 
-    fine_tune_settings = {}
+    fine_tune_settings, explore_settings = {}, {}
+    explore = None if explore_share is None else {"share_max": explore_share}
     try:  # a misspelt setting in params.yaml fails here, before a run is opened
         search_settings = {f"search_{k}": v for k, v in search_params().items()}
         if fine_tune:
             from ..tuner.fine_tune import fine_tune_params
 
             fine_tune_settings = {f"fine_tune_{k}": v for k, v in fine_tune_params().items()}
+        if cost_model == "tcl":
+            from ..tuner.explore import explore_params
+
+            explore_settings = {f"explore_{k}": v for k, v in explore_params(explore).items()}
+        elif explore_share:
+            raise ValueError(f"--explore is for --cost-model tcl ({cost_model} keeps MetaSchedule's search as it is)")
     except ValueError as exc:
         _fail(str(exc))
     params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,
-              **fine_tune_settings, **search_settings, "trials": trials, "seed": seed, "tasks": len(tasks),
+              **fine_tune_settings, **explore_settings, **search_settings, "trials": trials, "seed": seed, "tasks": len(tasks),
               "out": out, "rpc_key": rpc_key or ""}
     with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
         import mlflow
@@ -110,7 +120,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
             mlflow.set_tag("host_mismatch", warnings[0][:500])
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
-                              settings=settings, progress=progress, fine_tune=fine_tune)
+                              settings=settings, progress=progress, fine_tune=fine_tune, explore=explore)
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])
             _fail(str(exc), 1)

@@ -20,7 +20,9 @@ trace library, trace -> features is one pass, counted as `features_seconds`).
 
 With `fine_tune`, `update` fine-tunes the KB's torch net on the run's measurements so far
 (tcl.tuner.fine_tune; torch is imported then, never otherwise), serves the re-exported ONNX
-model and forgets the cached scores.
+model and forgets the cached scores. With `explore` (tcl.tuner.explore), `update` tells it each
+measured batch, and `predict` ranks a share of a task's candidates at random while the task's
+best latency has stopped falling.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tcl.features import Featurizer
 from tcl.records import FAILED_LATENCY
 from tcl.serving import Predictor, load_predictor
+from tcl.tuner.explore import Exploration
 from tcl.tuner.traces import CandidateFeatures
 
 CACHE_LIMIT = 50_000  # traces whose scores are kept (a generation is 512; the search runs 5 a round)
@@ -57,6 +60,7 @@ class PredictStats:
     updates: int = 0                # fine-tuning updates (the model swapped)
     update_seconds: float = 0.0     # in them: features, training, export, new session
     fine_tune: list = field(default_factory=list)  # per update: measured, loss before/after, seconds
+    explore: list = field(default_factory=list)    # per measured batch: best, stalled batches, share at random
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -82,15 +86,21 @@ class TCLCostModel(PyCostModel):
     ``models:/`` URI or a checkpoint (file or training directory). `family`: refuse a model of
     another hardware family. `fine_tune`: learn from this run's measurements in `update`
     (settings: `fine_tune_params`, over params.yaml ``tune.fine_tune``). `way`: how traces become
-    features (tcl.tuner.traces.CandidateFeatures: "library", "steps" or "python").
+    features (tcl.tuner.traces.CandidateFeatures: "library", "steps" or "python"). `explore`:
+    settings of tcl.tuner.explore (`explore_params()`'s), its draws seeded by `seed`; None or a
+    share_max of 0: off.
     """
 
     def __init__(self, model, family: str | None = None, threads: int = 2, fine_tune: bool = False,
-                 fine_tune_params: dict | None = None, way: str = "library"):
+                 fine_tune_params: dict | None = None, way: str = "library", explore: dict | None = None,
+                 seed: int = 0):
         super().__init__()
         self.threads = threads
         self.stats = PredictStats()
         self.fine_tuner = None
+        self.explore = Exploration(explore, seed) if explore and float(explore["share_max"]) > 0 else None
+        if self.explore is not None:
+            self.stats.explore = self.explore.history
         if fine_tune:
             from tcl.tuner.fine_tune import CheckpointNeeded, KBFineTuner
 
@@ -121,12 +131,16 @@ class TCLCostModel(PyCostModel):
 
     def update(self, context, candidates, results) -> None:
         self.stats.measured += len(candidates)
-        if self.fine_tuner is None or not candidates:
+        if (self.fine_tuner is None and self.explore is None) or not candidates:
             return
         start = time.perf_counter()
         latency = np.array([_mean_latency(r) for r in results], np.float64)
+        task = _task_key(context)
+        if self.explore is not None:
+            self.explore.observe(task, latency)
+        if self.fine_tuner is None:
+            return
         x, mask = self.features(candidates)
-        task = str(context.task_name) if context.task_name else str(context.mod.__chandle__())
         self.fine_tuner.add(task, x, mask, latency)
         onnx_bytes = self.fine_tuner.update()
         if onnx_bytes is not None:
@@ -153,12 +167,15 @@ class TCLCostModel(PyCostModel):
             self._scores.clear()
             self._held.clear()
         st = self.stats
+        task = _task_key(context) if self.explore is not None else None
         for a in range(0, len(todo), CHUNK):
             rows = todo[a:a + CHUNK]
             t0 = time.perf_counter()
             x, mask = self.features([candidates[i] for i in rows])
             t1 = time.perf_counter()
             scores = positive_scores(self.predictor.predict(x, mask))
+            if task is not None:
+                scores = self.explore.apply(task, scores)
             t2 = time.perf_counter()
             out[rows] = scores
             for i, s in zip(rows, scores):
@@ -176,6 +193,11 @@ class TCLCostModel(PyCostModel):
         st.cached += n - len(todo)
         st.predict_seconds += time.perf_counter() - start
         return out
+
+
+def _task_key(context) -> str:
+    """The task a MetaSchedule context tunes: its name, else its module's handle."""
+    return str(context.task_name) if context.task_name else str(context.mod.__chandle__())
 
 
 def _mean_latency(result) -> float:
