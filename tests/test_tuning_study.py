@@ -155,6 +155,7 @@ def test_validation_summary_reads_each_settings_final_against_the_baseline_over_
             row("conv", "wide", 0, [4e-6, 1e-6]), row("conv", "wide", 1, [2e-6, 2e-6]),
             row("dense", "base", 0, [9e-6, 9e-6]), row("dense", "wide", 0, [9e-6, 9.9e-6]),
             row("conv", "ref", 0, [5e-6, 5e-6])]  # ref ran seed 0 only
+    rows[2]["explore_readings"] = [{"share": 0.0}, {"share": 0.2}]  # wide explored after one of two batches
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     script = ROOT / "pipelines" / "tuning" / "validation_study.py"
@@ -169,6 +170,7 @@ def test_validation_summary_reads_each_settings_final_against_the_baseline_over_
     out = summary("--names", "base,wide")
     assert "| conv | wide | 1.41 [1.0, 2.0] | 16 | ? | 32 / 32 |" in out, out
     assert "wide over base, final latency on 2 tasks: geometric mean 0.6236, worst 1.1000 (dense)" in out, out
+    assert "wide: ranking at random after 1 of 2 measured batches" in out and "base: ranking" not in out, out
     # every setting: conv pools seed 0 only, the one ref ran (2 µs, 1 µs, 5 µs)
     out = summary()
     assert "wide over base, final latency on 2 tasks: geometric mean 0.7416, worst 1.1000 (dense)" in out, out

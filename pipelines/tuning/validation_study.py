@@ -21,7 +21,8 @@ The summary pools each setting's seeds (geometric mean of the best-latency curve
 setting ran) and gives, per task: the final latency, the trial at which the pooled curve first
 reaches the baseline's and the reference's final latency, and within 1 % / 0.5 % of the best
 final of all settings; then, per setting, the geometric mean over the tasks of its final over the
-baseline's and its worst task (the figures a rule such as "adopt if <= 0.99 and no task > 1.02" reads).
+baseline's and its worst task (the figures a rule such as "adopt if <= 0.99 and no task > 1.02" reads),
+and for runs with `--explore`, after how many of their measured batches the KB ranked a share at random.
 `--names` keeps only some settings (and so pools the seeds those ran).
 """
 
@@ -114,6 +115,14 @@ def summary(args) -> None:
             print(f"| {task} | {name} | {best[-1] * 1e6:.2f} [{', '.join(f'{x * 1e6:.1f}' for x in finals)}] | "
                   f"{hits[0]} | {hits[1]} | {' / '.join(near)} | {seconds:.0f} |")
     print(f"\nseeds: those every setting of a task ran; baseline {args.baseline}, reference {args.reference}")
+    explored = defaultdict(list)  # name -> the share each measured batch left (runs with --explore)
+    for names_of_task in by.values():
+        for name, runs in names_of_task.items():
+            for r in runs.values():
+                explored[name] += [b["share"] for b in r.get("explore_readings") or []]
+    for name, shares in sorted(explored.items()):
+        if shares:
+            print(f"{name}: ranking at random after {sum(x > 0 for x in shares)} of {len(shares)} measured batches")
     base = final_of.get(args.baseline, {})
     for name, by_task in sorted(final_of.items()):
         shared = sorted(set(by_task) & set(base))
