@@ -67,6 +67,9 @@ def test_a_metrics_report_pools_as_its_seeds_runs_and_models_filter(tmp_path):
     assert "| dense | tcl | xgb | 3 / 3 |" in from_runs and "| dense | tcl | random | 3 / 3 |" in from_runs
     filtered = table(report_dir, other, models="tcl,xgb")
     assert "random" not in filtered and "| dense | tcl | xgb | 3 / 3 |" in filtered
+    # PATH=MODELS: only those models from that root (other's tcl run, runs' peers): 1 / 2 runs
+    mixed = table(f"{other}=tcl", f"{runs}=xgb,random")
+    assert "| dense | tcl | xgb | 1 / 2 |" in mixed and "| dense | tcl | random | 1 / 2 |" in mixed, mixed
 
 
 def test_bootstrap_intervals_count_a_task_not_reached_at_its_upper_bound(tmp_path):

@@ -74,10 +74,18 @@ def report_curves(report: dict, every: int) -> dict:
     return out
 
 
-def pooled(roots: list[Path], every: int, runs_only: bool = False) -> dict:
-    """{task: {model: [run curves]}} over every root (`runs_only`: refuse a metrics folder)."""
+def root_spec(text: str) -> tuple[Path, set | None]:
+    """A ROOT argument: `PATH`, or `PATH=M1,M2` (only those models' runs from that root)."""
+    path, _, models = text.partition("=")
+    return Path(path), set(models.split(",")) if models else None
+
+
+def pooled(roots: list[Path | str], every: int, runs_only: bool = False) -> dict:
+    """{task: {model: [run curves]}} over every root (`runs_only`: refuse a metrics folder); a root
+    given as `PATH=M1,M2` contributes only those models."""
     out: dict = {}
-    for root in roots:
+    for spec in roots:
+        root, only = root_spec(str(spec))
         reports = sorted(root.glob("*.json"))
         if reports and runs_only:
             raise SystemExit(f"{root}: a metrics folder holds one mean curve per task, not one per run: "
@@ -85,12 +93,16 @@ def pooled(roots: list[Path], every: int, runs_only: bool = False) -> dict:
         for path in reports:  # a metrics folder: one report per task
             report = json.loads(path.read_text())
             for model, curves in report_curves(report, every).items():
+                if only is not None and model not in only:
+                    continue
                 out.setdefault(report["workload"], {}).setdefault(model, []).extend(curves)
         if reports:
             continue
         for task_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             for run_dir in sorted(p for p in task_dir.iterdir() if (p / "database_tuning_record.json").exists()):
                 model = run_dir.name.rsplit("-seed", 1)[0]
+                if only is not None and model not in only:
+                    continue
                 out.setdefault(task_dir.name, {}).setdefault(model, []).append(run_curve(run_dir, every))
     return out
 
@@ -176,7 +188,8 @@ def interval_table(boot: dict, runs: dict, resamples: int, seed: int, target: fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("roots", nargs="+", type=Path, help="study run folders (pipelines/tuning/runs)")
+    ap.add_argument("roots", nargs="+", help="study run folders (pipelines/tuning/runs); PATH=M1,M2 takes only "
+                    "those models' runs from PATH (e.g. a setting's TCL runs beside the peers' of another folder)")
     ap.add_argument("--every", type=int, default=16, help="trials per curve point (the study's batch)")
     ap.add_argument("--models", default=None,
                     help="comma-separated cost models to pool (default: all); pool only models run on "
