@@ -133,13 +133,13 @@ class TCLCostModel(PyCostModel):
         self.stats.measured += len(candidates)
         if (self.fine_tuner is None and self.explore is None) or not candidates:
             return
-        start = time.perf_counter()
         latency = np.array([_mean_latency(r) for r in results], np.float64)
         task = _task_key(context)
         if self.explore is not None:
             self.explore.observe(task, latency)
         if self.fine_tuner is None:
             return
+        start = time.perf_counter()
         x, mask = self.features(candidates)
         self.fine_tuner.add(task, x, mask, latency)
         onnx_bytes = self.fine_tuner.update()
