@@ -93,7 +93,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     from ..tuner.tune import search_params
     from ..tuner.tune import tune as run_tune
 
-    fine_tune_settings, explore_settings = {}, {}
+    fine_tune_settings = {}
     explore = None if explore_share is None else {"share_max": explore_share}
     try:  # a misspelt setting in params.yaml fails here, before a run is opened
         search_settings = {f"search_{k}": v for k, v in search_params().items()}
@@ -101,12 +101,9 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
             from ..tuner.fine_tune import fine_tune_params
 
             fine_tune_settings = {f"fine_tune_{k}": v for k, v in fine_tune_params().items()}
-        if cost_model == "tcl":
-            from ..tuner.explore import explore_params
+        from ..tuner.explore import explore_for
 
-            explore_settings = {f"explore_{k}": v for k, v in explore_params(explore).items()}
-        elif explore_share:
-            raise ValueError(f"--explore is for --cost-model tcl ({cost_model} keeps MetaSchedule's search as it is)")
+        explore_settings = {f"explore_{k}": v for k, v in (explore_for(cost_model, explore) or {}).items()}
     except ValueError as exc:
         _fail(str(exc))
     params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,

@@ -110,7 +110,7 @@ def make_cost_model(kind: str, model: str | None, family: str | None, seed: int,
     """(the MetaSchedule cost model, its PredictStats or None) for `kind` in COST_MODELS;
     `fine_tune`: the KB learns from the run's measurements (tcl only), with `fine_tune_settings`
     over `tcl.tuner.fine_tune.fine_tune_params()`'s; `explore`: the KB's evidence-following
-    exploration (tcl only; complete settings, `tcl.tuner.explore.explore_params()`)."""
+    exploration (tcl only; complete settings, `tcl.tuner.explore.explore_for()`)."""
     from tvm.s_tir import meta_schedule as ms
 
     if kind == "tcl":
@@ -121,8 +121,6 @@ def make_cost_model(kind: str, model: str | None, family: str | None, seed: int,
         cm = TCLCostModel(model, family=family, threads=threads, fine_tune=fine_tune,
                           fine_tune_params=fine_tune_settings, explore=explore, seed=seed)
         return cm, cm.stats
-    if explore and float(explore["share_max"]) > 0:
-        raise ValueError(f"--explore is for --cost-model tcl ({kind} keeps MetaSchedule's search as it is)")
     if fine_tune:
         raise ValueError(f"--fine-tune is for --cost-model tcl ({kind} {'learns online' if kind == 'xgb' else 'does not learn'})")
     if kind == "mlp":

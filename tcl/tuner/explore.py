@@ -50,6 +50,16 @@ def explore_params(overrides: dict | None = None) -> dict:
     return p
 
 
+def explore_for(cost_model: str, overrides: dict | None = None) -> dict | None:
+    """The exploration a run of `cost_model` uses: tcl's settings (`explore_params`); None for a
+    peer, which keeps MetaSchedule's search as it ships (a share above 0 asked of one raises)."""
+    if cost_model == "tcl":
+        return explore_params(overrides)
+    if overrides and float(overrides.get("share_max", 0)) > 0:
+        raise ValueError(f"--explore is for --cost-model tcl ({cost_model} keeps MetaSchedule's search as it is)")
+    return None
+
+
 class Exploration:
     """Per task: the best latency measured, the batches since it last fell enough, and the share
     of candidates ranked at random."""

@@ -28,7 +28,7 @@ from tcl.collect.measure import (FAILED_RUN_SECS, MeasureSettings, RpcSettings, 
                                  open_database, use_x86_intrinsics_only)
 from tcl.hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from tcl.io import atomic_write_json
-from tcl.tuner.explore import explore_params
+from tcl.tuner.explore import explore_for
 
 TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
 # MetaSchedule's evolutionary search as TVM ships it (EvolutionarySearch's defaults); params.yaml
@@ -143,7 +143,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
     `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s;
     `fine_tune_settings`: the fine-tuning's over `fine_tune_params()`'s; `explore`: the KB's
-    exploration (tcl.tuner.explore) over `explore_params()`'s, params.yaml's alone for tcl. Cost model
+    exploration (tcl.tuner.explore.explore_for: tcl's over params.yaml's; a peer refuses one). Cost model
     tcl without `model` serves the family's registered KB (`tcl.registry.default_kb_uri`: its
     @production version, else its @candidate with a note in ``warnings``); ``model`` is the one used."""
     use_x86_intrinsics_only()
@@ -157,7 +157,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
     search = search_params(search)
-    explore = explore_params(explore) if cost_model == "tcl" or explore else None
+    explore = explore_for(cost_model, explore)
     out = Path(out)
     # the search's threads: the target's cores, else the threads the platform measures with
     cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
