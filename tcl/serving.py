@@ -228,9 +228,16 @@ def load_predictor(uri_or_path: str | os.PathLike, expected_family: str | None =
         p = Path(ref)
         if p.is_dir():
             found = sorted(p.rglob("*.onnx"))
-            if not found:
+            if not found and (p / "model.pt").is_file():
+                p = p / "model.pt"
+            elif not found:
                 raise TclRegistryError(f"no .onnx file under {p}")
-            p = found[0]
+            else:
+                p = found[0]
+        if p.suffix == ".pt" and p.is_file():  # a training checkpoint: serving reads the ONNX export only
+            raise TclRegistryError(f"{ref}: a torch training checkpoint, not an ONNX KB; export it first "
+                                   f"(`tcl export {p} --family FAMILY --out KB.onnx`) and give the .onnx, "
+                                   "or fine-tune from the checkpoint (`tcl tune --fine-tune`)")
         if not p.is_file():
             raise TclRegistryError(f"model not found: {ref} (a models:/ URI or an .onnx path)")
         blob = p.read_bytes()

@@ -579,6 +579,15 @@ def test_fine_tune_needs_a_checkpoint(kb, tmp_path, store):
                                     "--cost-model", "tcl", "--model", str(bad), "--no-progress",
                                     "--out", str(tmp_path / "b")])
     assert res.exit_code == 1 and f"{bad}: not an ONNX model onnxruntime can load" in res.output
+    ckpt = tmp_path / "trained"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(b"")  # a training directory: pointed to tcl export, never unpickled
+    for given in (ckpt, ckpt / "model.pt"):
+        res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
+                                        "--cost-model", "tcl", "--model", str(given), "--no-progress",
+                                        "--out", str(tmp_path / "c")])
+        assert res.exit_code == 1 and "a torch training checkpoint, not an ONNX KB" in res.output
+        assert f"tcl export {ckpt / 'model.pt'}" in res.output
     res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--workload", "dense_64", "--trials", "8",
                                     "--cost-model", "mlp", "--model", str(tmp_path / "missing"), "--no-progress",
                                     "--out", str(tmp_path / "m")])
