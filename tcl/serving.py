@@ -214,7 +214,8 @@ def load_predictor(uri_or_path: str | os.PathLike, expected_family: str | None =
                    threads: int = DEFAULT_THREADS, chunk: int = DEFAULT_CHUNK,
                    opt_level: str = "all", **kwargs) -> Predictor:
     """A Predictor for ``models:/tcl-kb-<family>@<alias>``, ``models:/tcl-kb-<family>/<version>``,
-    a local ``.onnx`` file, or a directory holding one (a downloaded MLflow model)."""
+    a local ``.onnx`` file, or a directory holding one (a downloaded MLflow model). A torch checkpoint
+    (``model.pt`` or its training directory) is refused with the ``tcl export`` command that serves it."""
     ref = str(uri_or_path)
     info: dict = {}
     if ref.startswith("models:/"):
@@ -228,16 +229,16 @@ def load_predictor(uri_or_path: str | os.PathLike, expected_family: str | None =
         p = Path(ref)
         if p.is_dir():
             found = sorted(p.rglob("*.onnx"))
-            if not found and (p / "model.pt").is_file():
-                p = p / "model.pt"
-            elif not found:
-                raise TclRegistryError(f"no .onnx file under {p}")
-            else:
+            if found:
                 p = found[0]
+            elif (p / "model.pt").is_file():  # a training directory: named as one below
+                p = p / "model.pt"
+            else:
+                raise TclRegistryError(f"no .onnx file under {p}")
         if p.suffix == ".pt" and p.is_file():  # a training checkpoint: serving reads the ONNX export only
             raise TclRegistryError(f"{ref}: a torch training checkpoint, not an ONNX KB; export it first "
-                                   f"(`tcl export {p} --family FAMILY --out KB.onnx`) and give the .onnx, "
-                                   "or fine-tune from the checkpoint (`tcl tune --fine-tune`)")
+                                   f"(`tcl export {p} --family FAMILY --out KB.onnx`) and give the .onnx "
+                                   "(`tcl evaluate` and `tcl tune --fine-tune` read checkpoints)")
         if not p.is_file():
             raise TclRegistryError(f"model not found: {ref} (a models:/ URI or an .onnx path)")
         blob = p.read_bytes()
