@@ -402,6 +402,35 @@ def test_tasks_of_a_network_and_of_a_workload_database():
     assert str(structural_hash(task.mod)) == str(shash) and task.weight == 1.0
 
 
+def test_batch_shrinks_so_every_task_of_a_network_gets_measured():
+    from tcl.tuner.tune import batch_for
+
+    assert batch_for(256, 1, 16) == (16, None) and batch_for(8, 1, 64) == (8, None)  # one task: as asked
+    assert batch_for(640, 7, 64) == (64, None)
+    batch, note = batch_for(100, 7, 64)  # 64 a batch: two of seven tasks measured
+    assert batch == 14 and "each of the 7 tasks" in note
+    batch, note = batch_for(5, 7, 64)
+    assert batch == 1 and "the last 2 get none" in note
+    with pytest.raises(ValueError, match="--trials-per-iter"):
+        batch_for(8, 2, 0)
+
+
+def test_tune_of_several_workloads_measures_each_within_a_small_budget(tmp_path, store):
+    """Two workloads on 4 trials: MetaSchedule's batch of 64 would give the first all four."""
+    db = tmp_path / "two"
+    db.mkdir()
+    (db / "database_workload.json").write_text("".join(
+        (fixture_path(f"metaschedule/{name}") / "database_workload.json").read_text()
+        for name in ("dense_256", "conv2d_small")))
+    proc = run_tcl("tune", "--platform", PLATFORM, "--workload-db", db, "--trials", 4, "--cost-model", "random",
+                   "--out", tmp_path / "o", "--min-repeat-ms", 0, "--repeat", 1, "--no-progress", "--json")
+    result = tune_json(proc)
+    assert [t["trials"] for t in result["tasks"]] == [2, 2]
+    assert result["weighted_latency_s"] == pytest.approx(sum(t["best_latency_s"] for t in result["tasks"]))
+    assert "batches of 2 candidates, not 64" in proc.stderr
+    assert json.loads((tmp_path / "o" / "tune.json").read_text())["trials_per_iter"] == 2
+
+
 @pytest.fixture(scope="module")
 def fine_tuned_run(kb_checkpoint, tmp_path_factory):
     """`tcl tune --fine-tune` of dense_64 (8 trials: one measured batch, one update) from the

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from ..tuner.tune import TRIALS_PER_ITER
+
 TUNE_EXPERIMENT = "tcl-tune"
 
 
@@ -55,6 +57,9 @@ def _tasks(workload, workload_db, task_index, network):
               help="tcl: a models:/ URI or .onnx file (default models:/tcl-kb-<family>@production, else "
                    "@candidate with a warning); "
                    "mlp: a trained mlp-tenset model.")
+@click.option("--trials-per-iter", type=click.IntRange(min=1), default=TRIALS_PER_ITER, show_default=True,
+              help="Candidates measured together (MetaSchedule's batch); smaller when --trials cannot give "
+                   "every task one batch.")
 @click.option("--fine-tune", is_flag=True,
               help="tcl: fine-tune the KB on the run's measurements after each batch (needs its checkpoint: "
                    "a models:/ URI or a checkpoint file/directory as --model; params.yaml tune.fine_tune).")
@@ -71,7 +76,7 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--experiment", default=TUNE_EXPERIMENT, show_default=True, help="MLflow experiment.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
-def tune(platform_name, workload, workload_db, task_index, network, trials, cost_model, model, fine_tune,
+def tune(platform_name, workload, workload_db, task_index, network, trials, trials_per_iter, cost_model, model, fine_tune,
          explore_share, seed, out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
@@ -107,7 +112,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
     except ValueError as exc:
         _fail(str(exc))
     params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,
-              **fine_tune_settings, **explore_settings, **search_settings, "trials": trials, "seed": seed, "tasks": len(tasks),
+              **fine_tune_settings, **explore_settings, **search_settings, "trials": trials,
+              "trials_per_iter": trials_per_iter, "seed": seed, "tasks": len(tasks),
               "out": out, "rpc_key": rpc_key or ""}
     with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
         import mlflow
@@ -117,7 +123,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, cost
             mlflow.set_tag("host_mismatch", warnings[0][:500])
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
-                              settings=settings, progress=progress, fine_tune=fine_tune, explore=explore)
+                              settings=settings, progress=progress, fine_tune=fine_tune, explore=explore,
+                              trials_per_iter=trials_per_iter)
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])
             _fail(str(exc), 1)

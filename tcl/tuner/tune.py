@@ -140,6 +140,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
     plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
+    `trials_per_iter`: the batch measured together, shrunk so each task gets one (`batch_for`).
     `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
     `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s;
     `fine_tune_settings`: the fine-tuning's over `fine_tune_params()`'s; `explore`: the KB's
@@ -161,7 +162,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     out = Path(out)
     # the search's threads: the target's cores, else the threads the platform measures with
     cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
-    warnings = []
+    per_iter, note = batch_for(trials, len(tasks), trials_per_iter)
+    warnings = [note] if note else []
     if cost_model == "tcl" and model is None:  # the family's served KB; before a promotion, its candidate
         from tcl.registry import default_kb_uri
 
@@ -178,7 +180,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "platform": platform.name, "family": platform.family, "target": platform.target,
         "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
         "fine_tune_params": _fine_tune_params(fine_tune_settings) if fine_tune else None, "trials": trials,
-        "seed": seed, "settings": settings.as_dict(), "search": search, "explore": explore, "tasks": [t.name for t in tasks],
+        "trials_per_iter": per_iter, "seed": seed, "settings": settings.as_dict(), "search": search, "explore": explore, "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
         "host_cpu": local_cpu,
@@ -198,7 +200,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
             ms.tune_tasks(
                 tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work_dir,
                 max_trials_global=trials, max_trials_per_task=trials,
-                num_trials_per_iter=min(trials_per_iter, trials), builder=builder, runner=runner,
+                num_trials_per_iter=per_iter, builder=builder, runner=runner,
                 database=database, cost_model=cm,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), follow],
                 task_scheduler="gradient")
@@ -212,6 +214,10 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         rows.append({"task": t.name, "best_latency_s": best, "trials": c.trials[-1] if c.trials else 0})
     weighted = (sum(t.weight * r["best_latency_s"] for t, r in zip(tasks, rows))
                 if all(r["best_latency_s"] is not None for r in rows) else None)
+    missing = [r["task"] for r in rows if r["best_latency_s"] is None]
+    if missing and len(tasks) > 1:
+        warnings.append(f"{len(missing)} of {len(tasks)} tasks have no valid measurement ({', '.join(missing[:5])}"
+                        f"{', ...' if len(missing) > 5 else ''}), so there is no weighted latency: give more --trials")
     s = stats.as_dict() if stats is not None else {}
     return {
         "tasks": rows, "weighted_latency_s": weighted, "seconds": seconds,
@@ -220,6 +226,26 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s, "model": model,
         "warnings": warnings,
     }
+
+
+def batch_for(trials: int, n_tasks: int, trials_per_iter: int = TRIALS_PER_ITER) -> tuple[int, str | None]:
+    """MetaSchedule's batch (``num_trials_per_iter``) for `trials` over `n_tasks` tasks, and a note
+    when it is not `trials_per_iter`. The gradient task scheduler gives every task one batch in
+    turn before it follows the gradient, and stops at the global budget: with batches of 64, a
+    7-task network on 100 trials measures two tasks and has no network latency. So the batch
+    shrinks to what gives every task one (``trials // n_tasks``, at least 1; under one trial a
+    task, the tasks after the first `trials` get none, and the note says so)."""
+    if trials_per_iter < 1:
+        raise ValueError("--trials-per-iter must be at least 1")
+    batch = min(trials_per_iter, trials)
+    if n_tasks <= 1 or trials >= n_tasks * batch:
+        return batch, None
+    if trials < n_tasks:
+        return 1, (f"--trials {trials} is under one measurement a task for {n_tasks} tasks: "
+                   f"the last {n_tasks - trials} get none and the run has no weighted latency")
+    batch = trials // n_tasks
+    return batch, (f"batches of {batch} candidates, not {trials_per_iter}, so that each of the {n_tasks} tasks "
+                   f"gets one within --trials {trials} (MetaSchedule measures the tasks' first batches in turn)")
 
 
 def search_params(overrides: dict | None = None) -> dict:
