@@ -81,8 +81,36 @@ def test_split_refuses_a_test_network_not_in_the_data(data, tmp_path):
     assert snapshot(out) == before
     # records without network information (a user's own database) say how to split them
     res = tcl("split", data / "f.npz", "--out-dir", tmp_path / "other")
-    assert res.exit_code == 1 and "name no network: pass an empty --test-networks" in res.output
+    assert res.exit_code == 1 and "name no network: pass an empty --test-networks and a --test-fraction" in res.output
     assert not (tmp_path / "other").exists()
+    res = tcl("split", data / "nets.npz", "--out-dir", tmp_path / "other", "--test-fraction", 1)
+    assert res.exit_code == 1 and "test_fraction must be in [0, 1), not 1.0" in res.output
+
+
+def test_split_holds_out_a_share_of_the_tasks_of_records_without_networks(tmp_path):
+    """An Ansor log names no network: --test-fraction holds out whole tasks for test instead."""
+    ingest(fixture_path("ansor/tlcbench-t4-bert-early.json"), "t4", tmp_path / "r.parquet")
+    featurize_file(tmp_path / "r.parquet", tmp_path / "f.npz")
+    whole = FeatureSet.load(tmp_path / "f.npz")
+    assert len(whole.tasks) == 10 and not whole.networks()
+
+    def split(out, *args):
+        res = tcl("split", tmp_path / "f.npz", "--out-dir", tmp_path / out, "--test-networks", "", "--json", *args)
+        assert res.exit_code == 0, res.output
+        return {name: FeatureSet.load(tmp_path / out / f"{name}.npz") for name in ("train", "valid", "test")}
+
+    parts = split("a", "--test-fraction", 0.3)
+    assert len(parts["test"].tasks) == 3 and len(parts["valid"].tasks) == 1  # 10 % of the 7 left
+    assert sum(len(p) for p in parts.values()) == len(whole)
+    for a, b in (("train", "valid"), ("train", "test"), ("valid", "test")):
+        assert not set(parts[a].tasks) & set(parts[b].tasks)
+    assert parts["test"].meta["split"]["test_fraction"] == 0.3
+    again = split("b", "--test-fraction", 0.3)
+    assert again["test"].tasks == parts["test"].tasks  # the seed decides
+    other = split("c", "--test-fraction", 0.3, "--seed", 1)
+    assert other["test"].tasks != parts["test"].tasks
+    without = split("d")  # as before the option: no test split, validation drawn as before
+    assert len(without["test"]) == 0 and "test_fraction" not in without["test"].meta["split"]
 
 
 @pytest.mark.parametrize("name,message", BAD_FEATURES[:4])

@@ -416,10 +416,13 @@ def featurize(records, out, max_len, database, workers, cache_dir, progress, as_
 @click.option("--out-dir", required=True, type=click.Path(file_okay=False))
 @click.option("--test-networks", default="resnet50,bert_base", show_default=True)
 @click.option("--valid-fraction", type=float, default=0.1, show_default=True)
+@click.option("--test-fraction", type=float, default=0.0, show_default=True,
+              help="Also hold out this share of the other tasks for test (for records that name no network).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> None:
-    """Split a feature set into train/valid/test, holding out whole networks for test."""
+def split(features, out_dir, test_networks, valid_fraction, test_fraction, seed, as_json) -> None:
+    """Split a feature set into train/valid/test, holding out whole networks (and a share of the
+    other tasks with --test-fraction) for test."""
     from ..features import load_feature_set
     from ..perstore import load_perstore_set, perstore_path
     from ..split import split_by_network
@@ -428,10 +431,10 @@ def split(features, out_dir, test_networks, valid_fraction, seed, as_json) -> No
     per_store = perstore_path(features)
     try:
         fs = load_feature_set(features)
-        parts = split_by_network(fs, networks, valid_fraction, seed)
+        parts = split_by_network(fs, networks, valid_fraction, seed, test_fraction)
         # the per-store features beside it are split alike: the same tasks, hence the same programs
         ps = load_perstore_set(per_store) if per_store.is_file() else None
-        ps_parts = split_by_network(ps, networks, valid_fraction, seed) if ps is not None else {}
+        ps_parts = split_by_network(ps, networks, valid_fraction, seed, test_fraction) if ps is not None else {}
     except ValueError as exc:
         _fail(str(exc) if str(exc).startswith((features, str(per_store))) else f"{features}: {exc}", 1)
     if ps is not None and (list(ps.program_id) != list(fs.program_id) or ps.tasks != fs.tasks):
