@@ -256,6 +256,8 @@ def load_predictor(uri_or_path: str | os.PathLike, expected_family: str | None =
         raise ModelMismatchError(f"{ref} holds an ONNX model exported for family "
                                  f"{pred.family!r}, not {name_family!r}")
     if expected_family is not None and pred.family != expected_family:
-        raise ModelMismatchError(f"family mismatch: {ref} serves {pred.family!r}, "
-                                 f"expected {expected_family!r}")
+        raise ModelMismatchError(f"family mismatch: {ref} serves {pred.family!r}, expected {expected_family!r} "
+                                 f"(a KB serves the family it learned; to start {expected_family!r} from it, "
+                                 f"`tcl transfer --family {expected_family} --from <its checkpoint or models:/ URI> "
+                                 "--target-data <some of the platform's measured programs>`)")
     return pred
