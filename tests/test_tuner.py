@@ -400,6 +400,7 @@ def test_tasks_of_a_network_and_of_a_workload_database():
     (task,) = workload_tasks(fixture_path("metaschedule/dense_256"), 0)
     shash = json.loads((fixture_path("metaschedule/dense_256") / "database_workload.json").read_text())[0]
     assert str(structural_hash(task.mod)) == str(shash) and task.weight == 1.0
+    assert task.name == str(shash)  # no tasks.json: named as `tcl ingest` names it
 
 
 def test_batch_shrinks_so_every_task_of_a_network_gets_measured():
@@ -426,6 +427,14 @@ def test_tune_of_several_workloads_measures_each_within_a_small_budget(tmp_path,
                    "--out", tmp_path / "o", "--min-repeat-ms", 0, "--repeat", 1, "--no-progress", "--json")
     result = tune_json(proc)
     assert [t["trials"] for t in result["tasks"]] == [2, 2]
+    # the records of the tuning name each workload as the database's own records would be named
+    ingested = run_tcl("ingest", tmp_path / "o", "--platform", PLATFORM, "--out", tmp_path / "t.parquet", "--json")
+    import pyarrow.parquet as pq
+
+    hashes = [str(json.loads(line)[0]) for line in (db / "database_workload.json").read_text().splitlines()]
+    assert json.loads(ingested.stdout.strip().splitlines()[-1])["tasks"] == 2
+    assert set(pq.read_table(tmp_path / "t.parquet").column("task_id").to_pylist()) == set(hashes)
+    assert [t["task"] for t in result["tasks"]] == hashes
     assert result["weighted_latency_s"] == pytest.approx(sum(t["best_latency_s"] for t in result["tasks"]))
     assert "batches of 2 candidates, not 64" in proc.stderr
     assert json.loads((tmp_path / "o" / "tune.json").read_text())["trials_per_iter"] == 2

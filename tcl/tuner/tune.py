@@ -58,7 +58,8 @@ class Curve:
 
 def workload_tasks(db_path: str | os.PathLike, index: int | None = None) -> list[TuneTask]:
     """The workloads of a MetaSchedule database (its folder or its database_workload.json), or
-    the one at line `index` (0-based); names and weights from tasks.json beside it."""
+    the one at line `index` (0-based); names and weights from tasks.json beside it (else its
+    structural hash and 1)."""
     from tvm.s_tir import meta_schedule as ms
 
     from tcl.records.metaschedule import _existing, _lines
@@ -82,7 +83,9 @@ def workload_tasks(db_path: str | os.PathLike, index: int | None = None) -> list
         except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a bad module
             raise ValueError(f"{wl_path}:{lineno}: not a MetaSchedule workload ({str(exc)[:120]})") from None
         info = meta.get(str(entry[0]), {})
-        tasks.append(TuneTask(info.get("name", f"workload{lineno - 1}"), workload.mod,
+        # unnamed, a workload is its structural hash, as `tcl ingest` names it: a positional name
+        # would give different workloads of two databases one task in the records of their tunings
+        tasks.append(TuneTask(info.get("name", str(entry[0])), workload.mod,
                               float(info.get("weight", 1.0)), info.get("desc", ""),
                               dict(info.get("weights", {}))))
     if index is not None:
