@@ -142,6 +142,25 @@ def test_ablations_change_only_what_they_name(study_data, source_kb, tmp_path, o
     assert guard["ckd-replay-guard-top1"]["replay"] == 0.5
 
 
+def test_finetune_wise_interpolates_between_the_source_kb_and_finetune(study_data, source_kb, tmp_path,
+                                                                      one_torch_thread):
+    """α = 1 is finetune, α = 0 the source KB; on the default grid the α kept has the best
+    validation score (ties: the smaller)."""
+    root, study = study_data
+    finetune = _run("finetune", study_data, source_kb, tmp_path)
+    wise = _run("finetune-wise", study_data, source_kb, tmp_path)
+    scores = {float(a): v for a, v in wise["wise"]["valid"].items()}
+    assert sorted(scores) == [0.0, 0.25, 0.5, 0.75, 1.0] and wise["wise"]["select"].startswith("valid_")
+    best = max(scores.values())
+    assert wise["wise"]["alpha"] == min(a for a, v in scores.items() if v == best)
+    for alpha, same_as in ((1.0, finetune), (0.0, finetune["target_before"])):
+        r = run_variant("finetune-wise", "fam", PARAMS, {**study, "wise_alphas": [alpha]}, 0, tmp_path / "w.json",
+                        source_kb=source_kb, splits_dir=root / "splits")
+        assert r["wise"]["alpha"] == alpha
+        for key in ("top1", "top5", "task_top1"):
+            assert r[key] == pytest.approx(same_as[key], abs=1e-12), (alpha, key)
+
+
 def test_ckd_curves_follow_the_schedule_with_every_seen_platform(study_data, source_kb, tmp_path, one_torch_thread):
     """Figure 8's rows: the source KB's phases (source CL, KD), then the target's (AC start, CL,
     KD), each epoch with the top-1 of every platform seen so far on its test split."""

@@ -191,7 +191,7 @@ def ckd_study_sources(family, source_set, start, out, seed, study_path, params_p
 
 @ckd_study.command("run")
 @click.argument("family")
-@click.option("--variant", required=True, help="scratch-10 | scratch-100 | finetune | mtl | ckd | ckd-fixed-phi | "
+@click.option("--variant", required=True, help="scratch-10 | scratch-100 | finetune | finetune-wise | mtl | ckd | ckd-fixed-phi | "
                                                "ckd-no-ewc | ckd-no-kd | ckd-pool | ckd-grow | ckd-replay | "
                                                "ckd-guard | ckd-replay-guard | ckd-guard-top1 | ckd-replay-guard-top1")
 @click.option("--sources", "source_set", default="same", show_default=True, help="the source set (same | cross | all)")

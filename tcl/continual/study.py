@@ -17,6 +17,9 @@ read their curves on the validation split, ~10× cheaper per epoch).
   scratch-10     a KB-sized Mamba from scratch on the target's subset
   scratch-100    the same on the target's whole training split
   finetune       the source KB fine-tuned on the subset (no teacher, no EWC)
+  finetune-wise  finetune, then its weights interpolated with the source KB's,
+                 θ = (1 − α)·θ_source + α·θ_finetuned (WiSE-FT, Wortsman et al. 2022), α of the
+                 study's ``wise_alphas`` with the best validation `select` (ties: the smallest α)
   mtl            a shared KB-sized backbone with one head per platform (tcl.models.multihead),
                  trained on the sources' training splits and the subset (MTL-TLP's baseline)
   ckd            the schedule's target step: AC start, CL, KD into the source KB
@@ -63,10 +66,11 @@ from tcl.continual.schedule import (PlatformData, held_out_metrics, load_platfor
 from tcl.io import atomic_write_json, json_safe
 
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
-FROM_KB = ("finetune", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
+FROM_KB = ("finetune", "finetune-wise", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
            "ckd-replay", "ckd-guard", "ckd-replay-guard", "ckd-guard-top1",
            "ckd-replay-guard-top1")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
+WISE_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # finetune-wise's grid unless the study's params give one
 CURVE_SPLITS = ("test", "valid")
 STUDY_FILE = "study.json"  # beside a source KB's model.pt: its curves and held-out metrics
 TARGET_KEYS = ("top1", "top5", "task_top1", "task_top5", "pairwise", "spearman", "per_network",
@@ -295,6 +299,7 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
     kb, before, target_before, start_curves = None, {}, None, []
     if source_kb is not None:
         kb = load_model(Path(source_kb) / "model.pt")
+        kb_start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
         state = EWCState.from_model(kb)
         if state is None or list(state.platforms) != names:
             raise StudyError(f"{source_kb}: a KB of {state.platforms if state else 'no recorded platforms'}, "
@@ -323,6 +328,10 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
         else:
             result_model, model_name, train_programs = _train_baseline(
                 variant, kb, target, subset, src, params, study, seed, tmp)
+            if variant == "finetune-wise":
+                extra = {"wise": interpolate_to_best(result_model, kb_start, target.valid,
+                                                     baseline_train_params(params, study),
+                                                     study.get("wise_alphas") or WISE_ALPHAS)}
     after = _held_top1(result_model, src)
     scored = M.evaluate(result_model.predict_features(target.test), target.test)
     result = json_safe({
@@ -347,7 +356,7 @@ def _train_baseline(variant, kb, target: PlatformData, subset, src: list[Platfor
     train_params = baseline_train_params(params, study)
     cfg = settings(params)
     n_features = int(subset.x.shape[2])
-    if variant == "finetune":
+    if variant in ("finetune", "finetune-wise"):
         model, name, sets = kb, "kb", [subset]
     elif variant == "mtl":
         sets = [d.train for d in src] + [subset]
@@ -359,3 +368,27 @@ def _train_baseline(variant, kb, target: PlatformData, subset, src: list[Platfor
         model, name = new_net_model(params, cfg, "kb", n_features, feature_meta(sets), int(seed)), "scratch"
     train_model(model, sets, [target.valid], train_params, tmp, progress=False, resume=False)
     return model, name, sum(len(fs) for fs in sets)
+
+
+def interpolate_to_best(model, start: dict, valid, train_params: dict, alphas) -> dict:
+    """Set `model`'s weights to ``(1 − α)·start + α·(its weights)`` for the α of `alphas` with the
+    best validation `select` on `valid` (ties: the smallest α, the nearer the start); returns
+    ``{"alpha", "valid": {α: score}}``. Weights that are not floating point keep the model's."""
+    import torch
+
+    from tcl.training import selection_key, validate
+
+    key = selection_key(train_params)
+    tuned = {k: v.detach().clone() for k, v in model.net.state_dict().items()}
+
+    def mix(alpha: float) -> None:
+        model.net.load_state_dict({k: (torch.lerp(start[k].to(v.dtype), v, alpha) if v.is_floating_point() else v)
+                                   for k, v in tuned.items()})
+
+    scores = {}
+    for alpha in sorted(float(a) for a in alphas):
+        mix(alpha)
+        scores[alpha] = float(validate(model, [valid])[key])
+    best = max(scores, key=lambda a: (scores[a], -a))
+    mix(best)
+    return {"alpha": best, "select": key, "valid": scores}
