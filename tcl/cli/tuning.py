@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..tuner.tune import TRIALS_PER_ITER
+from ..tuner.tune import TRIALS_PER_ITER, batch_for
 
 TUNE_EXPERIMENT = "tcl-tune"
 
@@ -91,6 +91,9 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
     tasks = _tasks(workload, workload_db, task_index, network)
     rpc = rpc_settings(rpc_tracker, rpc_key)
     warnings = warn_if_other_host(platform, rpc)
+    batch_note = batch_for(trials, len(tasks), trials_per_iter)[1]
+    if batch_note:  # now, not after a long run
+        click.echo(f"warning: {batch_note}", err=True)
     settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     from .. import tracking
     from ..io import json_safe
@@ -133,7 +136,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
             mlflow.set_tag("error", text[:500])
             _fail(f"{type(exc).__name__}: {text}", 1)
         for note in result["warnings"]:
-            click.echo(f"warning: {note}", err=True)
+            if note != batch_note:
+                click.echo(f"warning: {note}", err=True)
             mlflow.set_tag("warning", note[:500])
         mlflow.set_tag("model", str(result["model"] or ""))
         for i, row in enumerate(result["tasks"]):
