@@ -299,7 +299,6 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
     kb, before, target_before, start_curves = None, {}, None, []
     if source_kb is not None:
         kb = load_model(Path(source_kb) / "model.pt")
-        kb_start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
         state = EWCState.from_model(kb)
         if state is None or list(state.platforms) != names:
             raise StudyError(f"{source_kb}: a KB of {state.platforms if state else 'no recorded platforms'}, "
@@ -326,6 +325,8 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
                      "curves": start_curves + schedule_curves(summary)}
             train_programs = len(subset)
         else:
+            kb_start = ({k: v.detach().clone() for k, v in kb.net.state_dict().items()}
+                        if variant == "finetune-wise" else None)  # the source KB's, before fine-tuning moves them
             result_model, model_name, train_programs = _train_baseline(
                 variant, kb, target, subset, src, params, study, seed, tmp)
             if variant == "finetune-wise":
@@ -373,7 +374,8 @@ def _train_baseline(variant, kb, target: PlatformData, subset, src: list[Platfor
 def interpolate_to_best(model, start: dict, valid, train_params: dict, alphas) -> dict:
     """Set `model`'s weights to ``(1 − α)·start + α·(its weights)`` for the α of `alphas` with the
     best validation `select` on `valid` (ties: the smallest α, the nearer the start); returns
-    ``{"alpha", "valid": {α: score}}``. Weights that are not floating point keep the model's."""
+    ``{"alpha", "select": the metric's key, "valid": {α: score}}``. Weights that are not floating
+    point keep the model's."""
     import torch
 
     from tcl.training import selection_key, validate
