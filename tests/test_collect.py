@@ -12,7 +12,8 @@ from tcl.records import Record
 from tcl.records.ingest import ingest
 from tcl.records.metaschedule import read_database
 
-from .conftest import free_port, rpc_tracker_and_server, run_tcl, stop_process_tree, wait_for_tracker
+from .conftest import (REPO, fixture_path, free_port, rpc_tracker_and_server, run_tcl, stop_process_tree,
+                       wait_for_tracker)
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +56,38 @@ def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["present"] == 5 and summary["measured"] == 1
     assert len(_records(db)) == 6
+
+
+def test_collect_measures_the_workloads_of_a_user_s_database(tmp_path):
+    """A model's own tasks as a MetaSchedule database holds them (any TIR; here two fixture
+    databases' workloads, without tasks.json): collected plainly and actively, each task named by
+    its structural hash, as `tcl ingest` and `tcl tune --workload-db` name it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "database_workload.json").write_text("".join(
+        (fixture_path(f"metaschedule/{name}") / "database_workload.json").read_text()
+        for name in ("dense_256", "conv2d_small")))
+    hashes = [str(json.loads(line)[0]) for line in (mine / "database_workload.json").read_text().splitlines()]
+    db = tmp_path / "db"
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload-db", mine,
+                   "--trials", "2", "--min-repeat-ms", "1", "--json")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["tasks"] == 2 and summary["measured"] == 4
+    meta = json.loads((db / "tasks.json").read_text())
+    assert sorted(m["name"] for m in meta.values()) == sorted(hashes) == sorted(meta)
+    assert {m["kind"] for m in meta.values()} == {"workload"}
+    report = ingest(db, "znver4-avx512-t2", tmp_path / "r.parquet")
+    assert report.records == 4 and report.tasks == 2
+    # actively: the second workload only, the sampler's choice of a pool of its candidates
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", tmp_path / "active", "--workload-db", mine,
+                   "--task-index", "1", "--sample", "random", "--budget", "2", "--pool-size", "4",
+                   "--min-repeat-ms", "1", "--params", REPO / "params.yaml", "--json")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["measured"] == 2 and summary["pool"] == 4
+    assert [m["name"] for m in json.loads((tmp_path / "active" / "tasks.json").read_text()).values()] == [hashes[1]]
+    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", tmp_path / "x", "--workload", "dense_64",
+                   "--task-index", "0", "--trials", "1", check=False)
+    assert proc.returncode == 2 and "--task-index goes with --workload-db" in proc.stderr
 
 
 def test_collect_rejects_unknown_names(tmp_path):

@@ -180,6 +180,10 @@ def _list_tasks(ctx, _param, value) -> None:
               help="Workload/task name, or an operator by its shape, e.g. dense_512_1024_256 "
                    "(`--list-tasks` gives the forms; repeatable).")
 @click.option("--network", multiple=True, help="All tasks of a network (repeatable).")
+@click.option("--workload-db", default=None, type=click.Path(exists=True),
+              help="Every workload of a MetaSchedule database (its folder or database_workload.json; e.g. a "
+                   "model's tasks as TVM extracted them), as `tcl tune --workload-db` reads it.")
+@click.option("--task-index", type=int, default=None, help="Only workload I (0-based) of --workload-db.")
 @click.option("--trials", type=int, default=None, help="Distinct programs per task (required without --sample).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
@@ -204,7 +208,7 @@ def _list_tasks(ctx, _param, value) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--list-tasks", is_flag=True, is_eager=True, expose_value=False, callback=_list_tasks,
               help="Print the workload and network task names --workload takes, and exit.")
-def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rpc_key,
+def collect(platform_name, out, workload, network, workload_db, task_index, trials, seed, rpc_tracker, rpc_key,
             number, repeat, min_repeat_ms, strategy, budget, rounds, pool_size, model_refs, params_path,
             as_json) -> None:
     """Measure real programs with TVM MetaSchedule into a MetaSchedule database (resumable).
@@ -212,15 +216,17 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
     With --sample, only the programs a sampler chooses from --pool-size candidates per task are
     measured, round by round, until --budget is spent."""
     from ..collect.networks import Task, network_tasks
-    from ..collect.workloads import resolve_workload
+    from ..collect.workloads import database_workloads, resolve_workload
     from ..hardware import get_platform
 
     try:
         platform = get_platform(platform_name)
     except (KeyError, ValueError) as exc:
         _fail(exc.args[0])
-    if not workload and not network:
-        _fail("give --workload NAME or --network NAME")
+    if not workload and not network and workload_db is None:
+        _fail("give --workload NAME, --network NAME or --workload-db PATH")
+    if task_index is not None and workload_db is None:
+        _fail("--task-index goes with --workload-db")
     if strategy is None and trials is None:
         _fail("give --trials N (or --sample STRATEGY --budget N)")
     if strategy is not None and budget is None:
@@ -237,8 +243,10 @@ def collect(platform_name, out, workload, network, trials, seed, rpc_tracker, rp
             tasks[op.key] = network_tasks().get(op.key) or Task(op.key, op, {})
         if network:
             tasks.update(network_tasks(list(network)))
-    except KeyError as exc:
-        _fail(exc.args[0])
+        if workload_db is not None:
+            tasks.update({w.name: w.task() for w in database_workloads(workload_db, task_index)})
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        _fail(exc.args[0] if exc.args else str(exc))
     settings = _settings({"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms})
     rpc = rpc_settings(rpc_tracker, rpc_key)
     warn_if_other_host(platform, rpc)

@@ -37,7 +37,7 @@ from .measure import (
     wait_for_quiet_cpu,
 )
 from .networks import Task
-from .workloads import build_workload, describe
+from .workloads import task_description, task_kind, task_module
 
 CHUNK = 32  # programs built/run/committed together
 
@@ -45,8 +45,8 @@ CHUNK = 32  # programs built/run/committed together
 def _task_meta(task: Task) -> dict:
     return {
         "name": task.name,
-        "desc": describe(task.op),
-        "kind": task.op.kind,
+        "desc": task_description(task),
+        "kind": task_kind(task),
         "weights": task.weights,
         "networks": task.networks,
         "weight": task.weight,
@@ -125,7 +125,7 @@ def collect(
     bar = tqdm(total=len(tasks) * n_programs * len(platforms), disable=not progress,
                unit="meas", desc="collect")
     for t_index, task in enumerate(tasks):
-        mod = build_workload(task.op)
+        mod = task_module(task)
         shash = str(structural_hash(mod))
         for p in platforms:
             record_task(outs[p.name], shash, task)

@@ -145,8 +145,10 @@ NETWORKS = {
 @dataclass(frozen=True)
 class Task:
     name: str
-    op: Op
+    op: Op | None  # None for a workload read from a database (`mod` holds it)
     weights: dict  # network -> occurrences
+    mod: object = None  # the TIR IRModule of a database's workload (workloads.task_module)
+    desc: str = ""      # its description, from the database's tasks.json
 
     @property
     def networks(self) -> list[str]:

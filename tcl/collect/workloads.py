@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from .networks import Op, network_tasks
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .networks import Op, Task, network_tasks
 
 
 def build_workload(op: Op):
@@ -119,3 +124,71 @@ def resolve_workload(name: str) -> Op:
         f"unknown workload {name!r}; use one of {', '.join(SMALL_WORKLOADS)}, a network task name "
         f"(`tcl collect --list-tasks` prints them) or an operator by its shape: {SHAPE_FORMS}"
     )
+
+
+def task_module(task: Task):
+    """The TIR IRModule of `task`: a database workload's own, else built from its operator."""
+    return task.mod if task.mod is not None else build_workload(task.op)
+
+
+def task_description(task: Task) -> str:
+    return describe(task.op) if task.op is not None else task.desc
+
+
+def task_kind(task: Task) -> str:
+    """The operator kind; ``workload`` for a database's workload (any TIR)."""
+    return task.op.kind if task.op is not None else "workload"
+
+
+@dataclass(frozen=True)
+class DatabaseWorkload:
+    """One workload of a MetaSchedule database, with what tasks.json beside it says of it."""
+
+    name: str     # tasks.json's name, else the structural hash (as `tcl ingest` names its records)
+    mod: object   # tvm.IRModule
+    desc: str = ""
+    weight: float = 1.0
+    weights: dict = field(default_factory=dict)  # network -> occurrences
+
+    def task(self) -> Task:
+        return Task(self.name, None, dict(self.weights), mod=self.mod, desc=self.desc)
+
+
+def database_workloads(db_path: str | os.PathLike, index: int | None = None) -> list[DatabaseWorkload]:
+    """The workloads of a MetaSchedule database (its folder or its database_workload.json), or
+    the one at line `index` (0-based); names, weights and descriptions from tasks.json beside it.
+    ValueError naming the file (and line) for a bad file."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tcl.records.metaschedule import _existing, _lines
+
+    path = Path(db_path)
+    wl_path = path if path.is_file() else _existing(path / "database_workload.json")
+    meta_path = wl_path.parent / "tasks.json"
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except ValueError as exc:  # json's decode error names no file
+        raise ValueError(f"{meta_path}: not a tasks.json ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: not a tasks.json (a JSON object by workload hash expected)")
+    found = []
+    for lineno, line in enumerate(_lines(wl_path), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            workload = ms.database.Workload.from_json(entry)
+        except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a bad module
+            raise ValueError(f"{wl_path}:{lineno}: not a MetaSchedule workload ({str(exc)[:120]})") from None
+        info = meta.get(str(entry[0]), {})
+        # unnamed, a workload is its structural hash, as `tcl ingest` names it: a positional name
+        # would give different workloads of two databases one task in the records made of them
+        found.append(DatabaseWorkload(info.get("name", str(entry[0])), workload.mod, info.get("desc", ""),
+                                      float(info.get("weight", 1.0)), dict(info.get("weights", {}))))
+    if index is not None:
+        if not 0 <= index < len(found):
+            raise ValueError(f"{wl_path}: --task-index {index} out of range (it holds {len(found)} workloads)")
+        found = [found[index]]
+    if not found:
+        raise ValueError(f"{wl_path}: no workload in it")
+    return found

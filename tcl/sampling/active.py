@@ -47,7 +47,7 @@ from tcl.collect.measure import (
     wait_for_quiet_cpu,
 )
 from tcl.collect.networks import Task
-from tcl.collect.workloads import build_workload, describe
+from tcl.collect.workloads import task_description, task_module
 from tcl.hardware import Platform, require_measurable
 from tcl.io import atomic_write_json
 from tcl.sampling import STRATEGIES, Pool, SampleSettings, SamplingError, make_sampler
@@ -90,7 +90,7 @@ def generate_candidates(tasks: list[Task], platform: Platform, pool_size: int, s
 
     mods, programs, steps, dropped, short = [], [], [], 0, {}
     for t_index, task in enumerate(tasks):
-        mod = build_workload(task.op)
+        mod = task_module(task)
         mods.append(mod)
         # the seed `tcl collect` gives task t_index: a plain collection draws the same programs
         drawn = sample_programs(mod, platform.target, pool_size, seed=seed * 1000 + t_index)
@@ -108,7 +108,7 @@ def generate_candidates(tasks: list[Task], platform: Platform, pool_size: int, s
     featurizer = Featurizer(max_len)
     x, mask = featurizer(steps)
     pool = Pool(x=x, mask=mask, task=np.asarray([t for t, _, _ in programs], np.int32), task_info={
-        "tasks": [t.name for t in tasks], "task_desc": [describe(t.op) for t in tasks],
+        "tasks": [t.name for t in tasks], "task_desc": [task_description(t) for t in tasks],
         "task_weight": np.asarray([t.weight for t in tasks], np.float64),
         "task_networks": [list(t.networks) for t in tasks],
         "task_network_weights": [dict(t.weights) for t in tasks], "platform": platform.name,

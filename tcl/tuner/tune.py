@@ -58,43 +58,11 @@ class Curve:
 
 def workload_tasks(db_path: str | os.PathLike, index: int | None = None) -> list[TuneTask]:
     """The workloads of a MetaSchedule database (its folder or its database_workload.json), or
-    the one at line `index` (0-based); names and weights from tasks.json beside it (else its
-    structural hash and 1)."""
-    from tvm.s_tir import meta_schedule as ms
+    the one at line `index` (0-based), as tasks (tcl.collect.workloads.database_workloads: names
+    and weights from tasks.json beside it, else its structural hash and 1)."""
+    from tcl.collect.workloads import database_workloads
 
-    from tcl.records.metaschedule import _existing, _lines
-
-    path = Path(db_path)
-    wl_path = path if path.is_file() else _existing(path / "database_workload.json")
-    meta_path = wl_path.parent / "tasks.json"
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    except ValueError as exc:  # json's decode error names no file
-        raise ValueError(f"{meta_path}: not a tasks.json ({exc})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{meta_path}: not a tasks.json (a JSON object by workload hash expected)")
-    tasks = []
-    for lineno, line in enumerate(_lines(wl_path), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            workload = ms.database.Workload.from_json(entry)
-        except Exception as exc:  # noqa: BLE001 - TVM raises several kinds for a bad module
-            raise ValueError(f"{wl_path}:{lineno}: not a MetaSchedule workload ({str(exc)[:120]})") from None
-        info = meta.get(str(entry[0]), {})
-        # unnamed, a workload is its structural hash, as `tcl ingest` names it: a positional name
-        # would give different workloads of two databases one task in the records of their tunings
-        tasks.append(TuneTask(info.get("name", str(entry[0])), workload.mod,
-                              float(info.get("weight", 1.0)), info.get("desc", ""),
-                              dict(info.get("weights", {}))))
-    if index is not None:
-        if not 0 <= index < len(tasks):
-            raise ValueError(f"{wl_path}: --task-index {index} out of range (it holds {len(tasks)} workloads)")
-        tasks = [tasks[index]]
-    if not tasks:
-        raise ValueError(f"{wl_path}: no workload in it")
-    return tasks
+    return [TuneTask(w.name, w.mod, w.weight, w.desc, dict(w.weights)) for w in database_workloads(db_path, index)]
 
 
 def _progress_callback(names: list[str], curves: list[Curve], total: int, start: float, show: bool):
