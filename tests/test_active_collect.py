@@ -2,6 +2,7 @@
 real TVM, the normal database written, resumable (tcl.sampling.active)."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -110,7 +111,9 @@ def test_a_round_interrupted_while_measuring_resumes_with_the_programs_it_chose(
     args = [sys.executable, "-m", "tcl.cli", *map(str, _args(db, 4))]
     log = tmp_path / "stderr.log"
     with log.open("wb") as err:  # a deadline for a busy machine (TVM import, 2 builds, a retrain)
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        # killed, the run cannot remove its temporary files: they go under tmp_path, not /tmp
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})
     state, deadline = None, time.monotonic() + 600
     try:
         while time.monotonic() < deadline and proc.poll() is None:

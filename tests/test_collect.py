@@ -24,10 +24,13 @@ def _records(db):
 
 def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     db = tmp_path / "db"
+    scratch = tmp_path / "tmp"  # the temporary files of the run: none is left behind
+    scratch.mkdir()
     proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
-                   "--trials", "4", "--min-repeat-ms", "1", "--json")
+                   "--trials", "4", "--min-repeat-ms", "1", "--json", env={"TMPDIR": str(scratch)})
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["measured"] == 4 and summary["present"] == 0
+    assert list(scratch.iterdir()) == []  # each build's directory, and the library the runner linked
     assert (db / "database_workload.json").exists() and (db / "tasks.json").exists()
     settings = json.loads((db / "collect.json").read_text())
     assert settings["target"]["mcpu"] == "znver4" and settings["threads"] == 2

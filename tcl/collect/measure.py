@@ -314,8 +314,14 @@ def _error_summary(msg: str) -> str:
 
 
 def _remove_artifact(path: str) -> None:
+    """The build (`<dir>/tvm_tmp_mod.tar`), the shared library a local runner links from it when it
+    loads it (`<path>.so`, beside it) and the temporary directory the builder made for them."""
+    for file in (path, path + ".so"):
+        try:
+            os.remove(file)
+        except OSError:  # not there (a remote runner links on its own side)
+            pass
     try:
-        os.remove(path)
         os.rmdir(os.path.dirname(path))
     except OSError:
         pass
