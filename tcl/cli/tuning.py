@@ -91,7 +91,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
     tasks = _tasks(workload, workload_db, task_index, network)
     rpc = rpc_settings(rpc_tracker, rpc_key)
     warnings = warn_if_other_host(platform, rpc)
-    batch_note = batch_for(trials, len(tasks), trials_per_iter)[1]
+    batch, batch_note = batch_for(trials, len(tasks), trials_per_iter)  # tune() keeps a batch that fits
     if batch_note:  # now, not after a long run
         click.echo(f"warning: {batch_note}", err=True)
     settings = MeasureSettings(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
@@ -127,7 +127,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
                               settings=settings, progress=progress, fine_tune=fine_tune, explore=explore,
-                              trials_per_iter=trials_per_iter)
+                              trials_per_iter=batch)
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])
             _fail(str(exc), 1)
@@ -135,9 +135,10 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
             text = "\n".join(str(exc).strip().splitlines()[:8])
             mlflow.set_tag("error", text[:500])
             _fail(f"{type(exc).__name__}: {text}", 1)
+        if batch_note:
+            mlflow.set_tag("batch", batch_note[:500])
         for note in result["warnings"]:
-            if note != batch_note:
-                click.echo(f"warning: {note}", err=True)
+            click.echo(f"warning: {note}", err=True)
             mlflow.set_tag("warning", note[:500])
         mlflow.set_tag("model", str(result["model"] or ""))
         for i, row in enumerate(result["tasks"]):

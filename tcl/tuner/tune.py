@@ -205,18 +205,19 @@ def batch_for(trials: int, n_tasks: int, trials_per_iter: int = TRIALS_PER_ITER)
     turn before it follows the gradient, and stops at the global budget: with batches of 64, a
     7-task network on 100 trials measures two tasks and has no network latency. So the batch
     shrinks to what gives every task one (``trials // n_tasks``, at least 1; under one trial a
-    task, the tasks after the first `trials` get none, and the note says so)."""
+    task, the tasks after the first `trials` get none). A batch that already fits is kept, without
+    a note, so the batch this returns gives the same batch and no note again."""
     if trials_per_iter < 1:
         raise ValueError("--trials-per-iter must be at least 1")
     batch = min(trials_per_iter, trials)
-    if n_tasks <= 1 or trials >= n_tasks * batch:
+    fitted = max(1, trials // n_tasks)
+    if n_tasks <= 1 or trials >= n_tasks * batch or fitted == batch:
         return batch, None
     if trials < n_tasks:
         return 1, (f"--trials {trials} is under one measurement a task for {n_tasks} tasks: "
                    f"the last {n_tasks - trials} get none and the run has no weighted latency")
-    batch = trials // n_tasks
-    return batch, (f"batches of {batch} candidates, not {trials_per_iter}, so that each of the {n_tasks} tasks "
-                   f"gets one within --trials {trials} (MetaSchedule measures the tasks' first batches in turn)")
+    return fitted, (f"batches of {fitted} candidates, not {trials_per_iter}, so that each of the {n_tasks} tasks "
+                    f"gets one within --trials {trials} (MetaSchedule measures the tasks' first batches in turn)")
 
 
 def search_params(overrides: dict | None = None) -> dict:
