@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import zipfile
@@ -361,15 +362,42 @@ class FeatureKindError(ValueError):
     """A feature set of another kind than a model reads (step sequences vs per-store rows)."""
 
 
-def load_feature_set(path: str | os.PathLike, stored_x: bool = False) -> FeatureSet:
+def load_feature_set(path: str | os.PathLike, stored_x: bool = False, finite_only: bool = True) -> FeatureSet:
     """FeatureSet.load with one clear error (FeatureFileError) for anything that is not one;
-    `stored_x`: x read from the file on use (see FeatureSet.load)."""
+    `stored_x`: x read from the file on use (see FeatureSet.load). `finite_only` (in-memory x):
+    programs whose features hold NaN/inf are left out with a warning naming the file and rows (a
+    net scores such a program NaN, and training skips every batch holding one), so one bad
+    program does not stop the rest; callers that must keep the rows (scores per row) pass False."""
     fs = read_feature_file(path, lambda p: FeatureSet.load(p, stored_x=stored_x))
     n = len(fs.y)
     if fs.x.ndim != 3 or fs.mask.shape != fs.x.shape[:2] or not (len(fs.x) == len(fs.task) == n):
         raise FeatureFileError(f"{path}: inconsistent arrays (x {fs.x.shape}, mask {fs.mask.shape}, "
                                f"y {fs.y.shape}, task {fs.task.shape})")
+    if finite_only and not stored_x:
+        bad = nonfinite_programs(fs.x)
+        if len(bad):
+            cols = np.unique(np.nonzero(~np.isfinite(fs.x[bad]))[2]).tolist()
+            logging.getLogger(__name__).warning(
+                f"warning: {path}: skipped {len(bad)} of {n} programs whose features are not finite "
+                f"(NaN/inf; rows {_first(bad)}; feature columns {_first(cols)}); re-make the file with `tcl featurize`")
+            fs = fs.subset(np.setdiff1d(np.arange(n), bad))
     return fs
+
+
+def nonfinite_programs(x: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """Row indices of the programs of `x` (N, ...) with a NaN or infinite feature value."""
+    rows = []
+    for a in range(0, len(x), chunk):
+        part = np.asarray(x[a:a + chunk])
+        rows.append(a + np.flatnonzero((~np.isfinite(part.reshape(len(part), -1))).any(axis=1)))
+    return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+def _first(items, k: int = 5) -> str:
+    """The first `k` of `items`, comma-separated, with how many more."""
+    items = list(items)
+    more = f", ... (+{len(items) - k})" if len(items) > k else ""
+    return ", ".join(str(int(i)) for i in items[:k]) + more
 
 
 T = TypeVar("T")

@@ -122,6 +122,28 @@ def test_predict_refuses_a_bad_feature_file(data, tmp_path, kb, name, message): 
     assert scores.read_bytes() == b"earlier scores"
 
 
+def test_programs_with_nonfinite_features_are_skipped_and_named(data, tmp_path, store, caplog):
+    """One program with NaN and one with inf features: train and evaluate leave them out with a
+    warning naming the file and rows (they used to stop training with a traceback), predict gives
+    them no score and scores the rest."""
+    fs = FeatureSet.load(data / "f.npz")
+    fs.x[2, 0, 0], fs.x[5, 1, 3] = np.nan, np.inf
+    bad = tmp_path / "bad.npz"
+    fs.save(bad)
+    res = tcl("train", "--model", "mlp", "--data", bad, "--out", tmp_path / "o", "--train-set", "epochs=1", "--json")
+    assert res.exit_code == 0, res.output
+    assert f"{bad}: skipped 2 of {len(fs)} programs whose features are not finite (NaN/inf; rows 2, 5" in caplog.text
+    assert (tmp_path / "o" / "model.pt").is_file()
+    res = tcl("evaluate", "--model", tmp_path / "o", "--data", bad, "--json")
+    assert res.exit_code == 0 and json.loads(res.output.splitlines()[-1])["n_programs"] == len(fs) - 2
+    assert tcl("export", tmp_path / "o" / "model.pt", "--family", "x86-sse", "--out", tmp_path / "kb.onnx").exit_code == 0
+    res = tcl("predict", bad, "--model", tmp_path / "kb.onnx", "--json")
+    assert res.exit_code == 0, res.output
+    assert f"{bad}: 2 of {len(fs)} programs have features that are not finite" in res.output
+    scores = json.loads(res.output[res.output.index("{"):])["scores"]
+    assert scores[2] is None and scores[5] is None and all(isinstance(s, float) for s in scores[6:])
+
+
 def test_evaluate_refuses_a_missing_model(data, tmp_path, store):
     metrics = tmp_path / "metrics.json"
     metrics.write_text('{"top1": 0.5}\n')

@@ -438,7 +438,7 @@ def split(features, out_dir, test_networks, valid_fraction, test_fraction, seed,
     networks = [n for n in test_networks.split(",") if n]
     per_store = perstore_path(features)
     try:
-        fs = load_feature_set(features)
+        fs = load_feature_set(features, finite_only=False)  # the per-store set beside it keeps every program too
         parts = split_by_network(fs, networks, valid_fraction, seed, test_fraction)
         # the per-store features beside it are split alike: the same tasks, hence the same programs
         ps = load_perstore_set(per_store) if per_store.is_file() else None

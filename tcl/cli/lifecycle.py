@@ -250,15 +250,25 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
     """
     import numpy as np
 
-    from tcl.features import FeatureFileError, load_feature_set
+    from tcl.features import FeatureFileError, load_feature_set, nonfinite_programs
     from tcl.serving import load_predictor
 
     try:
-        fs = load_feature_set(features)
+        fs = load_feature_set(features, finite_only=False)  # one score per row of the file
     except FeatureFileError as exc:
         raise click.ClickException(str(exc)) from None
     pred = load_predictor(model_ref, chunk=chunk, fused=fused)
-    scores = pred.predict_features(fs, family=family)
+    # a program with NaN/inf features gets no score (NaN; null in JSON), the others are scored
+    bad = nonfinite_programs(fs.x)
+    scores = np.full(len(fs), np.nan, np.float32)
+    if len(bad):
+        click.echo(f"warning: {features}: {len(bad)} of {len(fs)} programs have features that are not finite "
+                   f"(NaN/inf; first row {int(bad[0])}): not scored", err=True)
+        scored = np.setdiff1d(np.arange(len(fs)), bad)
+        if len(scored):
+            scores[scored] = pred.predict_features(fs.subset(scored), family=family)
+    else:
+        scores = pred.predict_features(fs, family=family)
     if out:
         from tcl.io import atomic_path
 
@@ -267,7 +277,7 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
                 np.save(f, scores)
     picks = {}
     for t, name in enumerate(fs.tasks):
-        idx = np.flatnonzero(fs.task == t)
+        idx = np.flatnonzero((fs.task == t) & np.isfinite(scores))
         if len(idx):
             best = idx[int(np.argmax(scores[idx]))]
             picks[name] = {"index": int(best), "program_id": str(fs.program_id[best]),
@@ -275,10 +285,11 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
     if as_json:
         click.echo(json.dumps({"model": model_ref, "version": pred.version,
                                "family": pred.family, "n": int(len(scores)),
-                               "scores": [float(s) for s in scores], "top1_per_task": picks},
+                               "scores": [float(s) if np.isfinite(s) else None for s in scores],
+                               "top1_per_task": picks},
                               indent=2))
         return
-    click.echo(f"{pred!r}: scored {len(scores)} programs of {len(fs.tasks)} tasks "
+    click.echo(f"{pred!r}: scored {int(np.isfinite(scores).sum())} programs of {len(fs.tasks)} tasks "
                f"({fs.platform})")
     for name, p in list(picks.items())[:20]:
         click.echo(f"  {name[:60]:<60} best #{p['index']} score {p['score']:.4f}")
