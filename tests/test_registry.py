@@ -226,6 +226,19 @@ def test_model_uri_of_a_missing_alias_says_how_to_get_one(store, kb, tmp_path):
     assert load_model_ref("models:/tcl-kb-testfam@candidate", tmp_path / "c").n_features > 0
 
 
+def test_a_family_without_a_kb_is_told_which_kbs_can_start_one(store, kb):
+    """`tcl tune/transfer` on a family nobody registered a KB for: the error names the registered
+    KBs of other families and the `tcl transfer` that makes this family's own from one of them."""
+    with pytest.raises(registry.TclRegistryError, match=r"the main job \(dvc repro\) registers"):
+        registry.default_kb_uri("newfam")
+    reg(kb, 0.5)  # testfam at @candidate only
+    with pytest.raises(registry.TclRegistryError) as err:
+        registry.default_kb_uri("newfam")
+    assert ("registered: tcl-kb-testfam; one of them starts this family's own (`tcl transfer --family newfam "
+            "--from models:/tcl-kb-testfam@candidate --target-data SUBSET.npz --register`)") in str(err.value)
+    assert registry.default_kb_uri("testfam")[0] == "models:/tcl-kb-testfam@candidate"
+
+
 def test_cli_register_promote_list(store, kb, tmp_path):
     from click.testing import CliRunner
 
