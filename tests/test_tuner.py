@@ -307,6 +307,15 @@ def test_study_ratios_by_hand():
     assert r["mlp"]["speedup_trials"] == 1.0 and r["mlp"]["speedup_seconds"] == 1.3
 
 
+def test_bench_tune_runs_every_model_of_a_seed_before_the_next_seed():
+    """The runs compared with each other are measured close in time: a host slowing down mid-study
+    hits every model alike, not the last one alone (bench_tune runs them in this order)."""
+    from tcl.bench.tune import run_order
+
+    assert run_order(("tcl", "xgb", "random"), (0, 1)) == [
+        ("tcl", 0), ("xgb", 0), ("random", 0), ("tcl", 1), ("xgb", 1), ("random", 1)]
+
+
 def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
     from tcl.bench.tune import bench_tune, format_report
     from tcl.collect.measure import MeasureSettings

@@ -67,6 +67,13 @@ def ratios(curves: dict[str, tuple], reference: str = "tcl") -> dict[str, dict]:
     return out
 
 
+def run_order(cost_models, seeds) -> list[tuple[str, int]]:
+    """(model, seed) in the order the study runs them: seed by seed, every model in turn, so the
+    runs compared with each other are measured close in time and a host that slows down during
+    the study (a noisy neighbour) hits every model alike rather than the last one alone."""
+    return [(name, seed) for seed in seeds for name in cost_models]
+
+
 def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int = 64,
                trials_per_iter: int = 16, seeds: tuple[int, ...] = (0,),
                cost_models: tuple[str, ...] = DEFAULT_MODELS, model: str | None = None,
@@ -91,20 +98,18 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
     platform = get_platform(platform_name)
     op = resolve_workload(workload)
     known = network_tasks().get(op.key)
-    runs, per_model, warnings = {}, {}, []
-    for name in cost_models:
-        curves = []
-        for seed in seeds:
-            task = TuneTask(workload, build_workload(op), 1.0, describe(op), dict(known.weights) if known else {})
-            kind = "tcl" if name in TCL_VARIANTS else name
-            ref = {"tcl": model, "tcl-ft": kb_checkpoint or model, "mlp": mlp_model}.get(name)
-            result = tune(platform, [task], trials, kind, Path(out_dir) / f"{name}-seed{seed}", model=ref,
-                          seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
-                          fine_tune=name == "tcl-ft" or (fine_tune and name == "tcl"))
-            runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
-            warnings += [w for w in result["warnings"] if w not in warnings]
-            curves.append(result["curves"][workload])
-        per_model[name] = mean_curve(curves)
+    runs, curves, warnings = {}, {name: [] for name in cost_models}, []
+    for name, seed in run_order(cost_models, seeds):
+        task = TuneTask(workload, build_workload(op), 1.0, describe(op), dict(known.weights) if known else {})
+        kind = "tcl" if name in TCL_VARIANTS else name
+        ref = {"tcl": model, "tcl-ft": kb_checkpoint or model, "mlp": mlp_model}.get(name)
+        result = tune(platform, [task], trials, kind, Path(out_dir) / f"{name}-seed{seed}", model=ref,
+                      seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
+                      fine_tune=name == "tcl-ft" or (fine_tune and name == "tcl"))
+        runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
+        warnings += [w for w in result["warnings"] if w not in warnings]
+        curves[name].append(result["curves"][workload])
+    per_model = {name: mean_curve(c) for name, c in curves.items()}
     out = {"platform": platform.name, "workload": workload, "trials": trials, "seeds": list(seeds),
            "fine_tune": fine_tune,
            "curves": {n: {"trials": t, "best_latency_s": b, "seconds": s} for n, (t, b, s) in per_model.items()},
