@@ -456,7 +456,7 @@ def default_kb_uri(family: str, hint: str = "give --model") -> tuple[str, str | 
             f"promoted: `tcl promote {family} {alias}` makes it the served KB")
     others = [f for f in _families(client) if f != family]
     # the main job registers the bundled families' KBs; any other family makes its own from one of them
-    make = (f"the main job (dvc repro) registers the bundled families' KBs" if not others else
+    make = ("the main job (dvc repro) registers the bundled families' KBs" if not others else
             f"registered: {', '.join(model_name(f) for f in others)}; one of them starts this family's own "
             f"(`tcl transfer --family {family} --from models:/{model_name(others[0])}@"
             f"{alias_serve() if _alias_holder(client, model_name(others[0]), alias_serve()) else alias_new()} "

@@ -57,7 +57,7 @@ def task_share_subset(pool, ratio: float, share: float, seed: int):
 
 
 def run(platforms: list[str], folds: list[int], seeds: list[int], ratio: float, params: dict, out: str) -> None:
-    done = {(r["platform"], r["fold"], r["seed"], r["share"]) for r in read_rows(out)}
+    done = {(r["platform"], r["fold"], r["seed"], r["share"]) for r in read_rows(out) if r["ratio"] == ratio}
     tp = {**params["train"], **params["pipeline"]["train"]}
     for platform in platforms:
         for fold in folds:
@@ -77,20 +77,22 @@ def run(platforms: list[str], folds: list[int], seeds: list[int], ratio: float, 
 
 
 def summary(rows: list[dict]) -> str:
-    """Per share: per-task and network top-1 (mean ± se over runs), and per-task top-1 paired with
-    share 1 on the same (platform, fold, seed)."""
-    base = {(r["platform"], r["fold"], r["seed"]): r["task_top1"] for r in rows if r["share"] == 1.0}
-    lines = ["| share of tasks | runs | tasks | programs | per-task top-1 | network top-1 | - share 1 | above share 1 |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for share in SHARES:
-        rs = [r for r in rows if r["share"] == share and (r["platform"], r["fold"], r["seed"]) in base]
-        if not rs:
-            continue
-        v, w = (np.array([r[k] for r in rs]) for k in ("task_top1", "top1"))
-        d = v - np.array([base[(r["platform"], r["fold"], r["seed"])] for r in rs])
-        lines.append(f"| {share:g} | {len(rs)} | {np.mean([r['tasks'] for r in rs]):.1f} | "
-                     f"{np.mean([r['programs'] for r in rs]):.0f} | {v.mean():.3f} ± {se(v):.3f} | "
-                     f"{w.mean():.3f} ± {se(w):.3f} | {d.mean():+.3f} ± {se(d):.3f} | {(d > 0).sum()}/{len(d)} |")
+    """Per ratio and share: per-task and network top-1 (mean ± se over runs), and per-task top-1
+    paired with share 1 of the same ratio on the same (platform, fold, seed)."""
+    base = {(r["ratio"], r["platform"], r["fold"], r["seed"]): r["task_top1"] for r in rows if r["share"] == 1.0}
+    lines = ["| ratio | share of tasks | runs | tasks | programs | per-task top-1 | network top-1 | - share 1 "
+             "| above share 1 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for ratio in sorted({r["ratio"] for r in rows}):
+        for share in SHARES:
+            rs = [r for r in rows if r["ratio"] == ratio and r["share"] == share
+                  and (ratio, r["platform"], r["fold"], r["seed"]) in base]
+            if not rs:
+                continue
+            v, w = (np.array([r[k] for r in rs]) for k in ("task_top1", "top1"))
+            d = v - np.array([base[(ratio, r["platform"], r["fold"], r["seed"])] for r in rs])
+            lines.append(f"| {ratio:g} | {share:g} | {len(rs)} | {np.mean([r['tasks'] for r in rs]):.1f} | "
+                         f"{np.mean([r['programs'] for r in rs]):.0f} | {v.mean():.3f} ± {se(v):.3f} | "
+                         f"{w.mean():.3f} ± {se(w):.3f} | {d.mean():+.3f} ± {se(d):.3f} | {(d > 0).sum()}/{len(d)} |")
     return "\n".join(lines)
 
 

@@ -260,15 +260,13 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
     pred = load_predictor(model_ref, chunk=chunk, fused=fused)
     # a program with NaN/inf features gets no score (NaN; null in JSON), the others are scored
     bad = nonfinite_programs(fs.x)
-    scores = np.full(len(fs), np.nan, np.float32)
     if len(bad):
         click.echo(f"warning: {features}: {len(bad)} of {len(fs)} programs have features that are not finite "
                    f"(NaN/inf; first row {int(bad[0])}): not scored", err=True)
-        scored = np.setdiff1d(np.arange(len(fs)), bad)
-        if len(scored):
-            scores[scored] = pred.predict_features(fs.subset(scored), family=family)
-    else:
-        scores = pred.predict_features(fs, family=family)
+    scores = np.full(len(fs), np.nan, np.float32)
+    kept = np.setdiff1d(np.arange(len(fs)), bad)
+    if len(kept) or not len(bad):
+        scores[kept] = pred.predict_features(fs.subset(kept) if len(bad) else fs, family=family)
     if out:
         from tcl.io import atomic_path
 
