@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tcl.sampling.subset import sample_features
@@ -154,3 +155,25 @@ def test_equal_steps_variant_summary_pairs_by_run_and_training(tmp_path):
     text = subprocess.run([sys.executable, str(EQUAL_STEPS_SCRIPT), "variant-summary", str(tmp_path / "c.jsonl"),
                            "--pair", "self"], check=True, cwd=ROOT, capture_output=True, text=True).stdout
     assert "| v | default | 2 | 0.600 ± 0.000 | +0.100 ± 0.000 | +0.300 ± 0.000 | 2/2 |" in text
+
+
+def test_task_share_subset_spreads_the_budget_evenly_over_a_share_of_the_tasks():
+    """pipelines/sampling/task_share.py: round(share x tasks) tasks, the budget dealt evenly over
+    them (a task smaller than its part gives all it has, the rest to the others), seeded."""
+    sys.path.insert(0, str(ROOT / "pipelines" / "sampling"))
+    try:
+        from task_share import task_share_subset
+    finally:
+        sys.path.remove(str(ROOT / "pipelines" / "sampling"))
+    pool = make_fs(n_tasks=8, per_task=24)
+    small = pool.subset(np.flatnonzero((pool.task != 0) | (np.arange(len(pool)) % 24 < 2)))  # task 0: 2 programs
+    for share, tasks in ((1.0, 8), (0.5, 4), (0.25, 2)):
+        sub = task_share_subset(pool, 0.25, share, seed=0)
+        counts = np.bincount(sub.task)
+        assert len(sub) == 48 and len(sub.tasks) == tasks and counts.max() - counts.min() <= 1
+        again = task_share_subset(pool, 0.25, share, seed=0)
+        assert list(again.program_id) == list(sub.program_id)
+    sub = task_share_subset(small, 0.3, 1.0, seed=0)  # 51 of 170: task 0 gives its 2, the others 7
+    counts = dict(zip(sub.tasks, np.bincount(sub.task)))
+    assert len(sub) == 51 and sorted(counts.values()) == [2, 7, 7, 7, 7, 7, 7, 7]
+    assert task_share_subset(pool, 0.25, 0.5, seed=1).tasks != task_share_subset(pool, 0.25, 0.5, seed=0).tasks
