@@ -177,3 +177,18 @@ def test_task_share_subset_spreads_the_budget_evenly_over_a_share_of_the_tasks()
     counts = dict(zip(sub.tasks, np.bincount(sub.task)))
     assert len(sub) == 51 and sorted(counts.values()) == [2, 7, 7, 7, 7, 7, 7, 7]
     assert task_share_subset(pool, 0.25, 0.5, seed=1).tasks != task_share_subset(pool, 0.25, 0.5, seed=0).tasks
+
+
+def test_regularize_changes_only_the_main_job_s_preset_of_a_copy():
+    """pipelines/sampling/regularize.py: a dropout setting updates the preset the subsets' models
+    train with (pipeline.preset) in a copy of the params, nothing else."""
+    sys.path.insert(0, str(ROOT / "pipelines" / "sampling"))
+    try:
+        from regularize import SETTINGS, with_model
+    finally:
+        sys.path.remove(str(ROOT / "pipelines" / "sampling"))
+    params = {"pipeline": {"preset": "kb"}, "models": {"mamba": {"kb": {"d_model": 64}, "ac": {"d_model": 128}}}}
+    out = with_model(params, SETTINGS["drop0.1"][1])
+    assert out["models"]["mamba"] == {"kb": {"d_model": 64, "dropout": 0.1}, "ac": {"d_model": 128}}
+    assert params["models"]["mamba"]["kb"] == {"d_model": 64}  # the caller's params untouched
+    assert SETTINGS["wd1e-3"] == ({"weight_decay": 1e-3}, {}) and SETTINGS["none"] == ({}, {})
