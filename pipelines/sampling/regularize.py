@@ -24,7 +24,6 @@ the whole pool (the same 40 folds) before anything in params.yaml changes; other
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 
@@ -32,7 +31,7 @@ import numpy as np
 
 from equal_steps import append_row, cv_pool, read_rows, se
 from quick_study import train_and_score
-from task_share import task_share_subset
+from task_share import cv_run_parser, task_share_subset
 
 from tcl.config import load_params
 
@@ -98,18 +97,8 @@ def summary(rows: list[dict], pair: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--platforms", required=True)
-    r.add_argument("--folds", default="0,1,2,3")
-    r.add_argument("--seeds", default="0,1")
+    ap, r, s = cv_run_parser(__doc__)
     r.add_argument("--settings", default=",".join(n for n in SETTINGS if n != "none"))
-    r.add_argument("--ratio", type=float, default=0.1)
-    r.add_argument("--params", default="params.yaml")
-    r.add_argument("--out", required=True, help="JSON lines, appended; a run already there is skipped")
-    s = sub.add_parser("summary")
-    s.add_argument("rows")
     s.add_argument("--pair", default="pipelines/sampling/task_share.jsonl")
     a = ap.parse_args()
     if a.command == "summary":

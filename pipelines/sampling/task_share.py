@@ -96,8 +96,10 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cv_run_parser(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """(parser, its `run` subparser, its `summary` subparser) of a cross-validated study script:
+    `run` takes the platforms, folds, seeds, ratio, params and the rows file; `summary` the rows."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
     r.add_argument("--platforms", required=True)
@@ -108,6 +110,11 @@ def main() -> None:
     r.add_argument("--out", required=True, help="JSON lines, appended; a run already there is skipped")
     s = sub.add_parser("summary")
     s.add_argument("rows")
+    return ap, r, s
+
+
+def main() -> None:
+    ap, _, _ = cv_run_parser(__doc__)
     a = ap.parse_args()
     if a.command == "summary":
         print(summary(read_rows(a.rows)))
