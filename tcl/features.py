@@ -376,7 +376,7 @@ def load_feature_set(path: str | os.PathLike, stored_x: bool = False, finite_onl
     if finite_only and not stored_x:
         bad = nonfinite_programs(fs.x)
         if len(bad):
-            cols = np.unique(np.nonzero(~np.isfinite(fs.x[bad]))[2]).tolist()
+            cols = np.unique(np.nonzero(~np.isfinite(fs.x.take(bad, axis=0)))[2]).tolist()
             logging.getLogger(__name__).warning(
                 f"warning: {path}: skipped {len(bad)} of {n} programs whose features are not finite "
                 f"(NaN/inf; rows {_first(bad)}; feature columns {_first(cols)}); re-make the file with `tcl featurize`")

@@ -454,13 +454,14 @@ def default_kb_uri(family: str, hint: str = "give --model") -> tuple[str, str | 
         return f"models:/{name}@{alias}", (
             f"{name} has no @{alias_serve()} version; using @{alias} (version {holder.version}), not yet "
             f"promoted: `tcl promote {family} {alias}` makes it the served KB")
-    others = [f for f in _families(client) if f != family]
     # the main job registers the bundled families' KBs; any other family makes its own from one of them
-    make = ("the main job (dvc repro) registers the bundled families' KBs" if not others else
-            f"registered: {', '.join(model_name(f) for f in others)}; one of them starts this family's own "
-            f"(`tcl transfer --family {family} --from models:/{model_name(others[0])}@"
-            f"{alias_serve() if _alias_holder(client, model_name(others[0]), alias_serve()) else alias_new()} "
-            f"--target-data SUBSET.npz --register`)")
+    others = [f for f in _families(client) if f != family]
+    make = "the main job (dvc repro) registers the bundled families' KBs"
+    if others:
+        start = model_name(others[0])
+        held = alias_serve() if _alias_holder(client, start, alias_serve()) else alias_new()
+        make = (f"registered: {', '.join(model_name(f) for f in others)}; one of them starts this family's own "
+                f"(`tcl transfer --family {family} --from models:/{start}@{held} --target-data SUBSET.npz --register`)")
     raise TclRegistryError(f"no registered KB for family {family!r}: {name} has no @{alias_serve()} or "
                            f"@{alias_new()} version ({hint}; {make})")
 

@@ -186,17 +186,15 @@ def selection_key(train_params: dict) -> str:
 def check_finite_features(model, sets: Sequence, chunk: int = 8192) -> None:
     """Raise ValueError if any feature value is NaN/inf: a net would output NaN for the program and
     every batch holding it would be skipped, so training would silently learn nothing."""
+    from tcl.features import nonfinite_programs
+
     for fs in sets:
         x = model.inputs(fs)[0]
-        bad_rows, bad_cols = 0, set()
-        for a in range(0, len(fs), chunk):
-            bad = ~np.isfinite(np.asarray(x[a:a + chunk]))
-            if bad.any():
-                bad_rows += int(bad.any(axis=(1, 2)).sum())
-                bad_cols.update(np.unique(np.nonzero(bad)[2]).tolist())
-        if bad_rows:
-            raise ValueError(f"FeatureSet of platform {fs.platform!r}: {bad_rows} of {len(fs)} programs have "
-                             f"non-finite feature values (feature columns {sorted(bad_cols)}); "
+        bad = nonfinite_programs(x, chunk)
+        if len(bad):
+            bad_cols = np.unique(np.nonzero(~np.isfinite(np.asarray(x.take(bad, axis=0))))[2]).tolist()
+            raise ValueError(f"FeatureSet of platform {fs.platform!r}: {len(bad)} of {len(fs)} programs have "
+                             f"non-finite feature values (feature columns {bad_cols}); "
                              f"fix the featurizer output (tcl featurize) before training")
 
 
