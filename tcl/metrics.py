@@ -114,6 +114,13 @@ def task_top_k_means(scores, latency, task, ks: Sequence[int] = (1, 5)) -> dict[
 
 def pairwise_accuracy(scores, latency, task, block: int = 2048) -> float:
     """Fraction of same-task pairs with different latency that the scores order correctly."""
+    correct, total = pairwise_counts(scores, latency, task, block)
+    return correct / total if total else float("nan")
+
+
+def pairwise_counts(scores, latency, task, block: int = 2048) -> tuple[float, int]:
+    """(correctly ordered, all) same-task pairs with different latency, each counted twice (a tie in
+    the scores counts half): pairwise_accuracy's ratio, kept apart so that sets can be pooled."""
     s = _clean_scores(scores)
     lat = np.asarray(latency, dtype=np.float64)
     correct = 0.0
@@ -130,7 +137,7 @@ def pairwise_accuracy(scores, latency, task, block: int = 2048) -> float:
             agree = np.where(ds == dl, 1.0, np.where(ds == 0, 0.5, 0.0))
             correct += float(agree[valid].sum())
             total += int(valid.sum())
-    return correct / total if total else float("nan")
+    return correct, total
 
 
 def _rank(a: np.ndarray) -> np.ndarray:

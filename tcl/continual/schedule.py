@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from tcl import metrics as M
+from tcl.continual import crossval
 from tcl.continual.distill import DEFAULT_PHI, distill_term, phi_at, teacher_quality, teacher_targets
 from tcl.continual.ewc import EWCState, absorb, estimate_fisher
 from tcl.io import atomic_write_json, json_safe
@@ -96,6 +97,10 @@ DEFAULTS = {
     "kd_guard_splits": ["valid"],
     # kd_guard target: the metric that loss is measured in (tcl.training select's names); None: `select`
     "kd_guard_metric": None,
+    # kd_guard target: also judge the target, cross-validated, on the subset's own tasks in this many
+    # folds (tcl.continual.crossval; needs select pairwise; KD's early stopping off); 0: off
+    "kd_guard_folds": 0,
+    "kd_guard_fold_seed": 0,   # deals the subset's tasks into the folds
     # KD's task-loss weight α: L = L_distill(KB <- AC) + α·L_task(KB, D_t) + λ·EWC (0: the paper's KD)
     "alpha_task": 0.0,
     # the validation metric of every phase's early stopping and of the KD guard (tcl.training select)
@@ -155,6 +160,13 @@ def settings(params: dict) -> dict:
         raise ContinualError(f"continual.kd_guard_splits must be a non-empty list of {', '.join(GUARD_SPLITS)}, "
                              f"not {cfg['kd_guard_splits']!r}")
     cfg["kd_guard_splits"] = sorted(set(splits), key=GUARD_SPLITS.index)
+    folds = cfg["kd_guard_folds"]
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0 or folds == 1:
+        raise ContinualError(f"continual.kd_guard_folds must be 0 (off) or a number of folds >= 2, not {folds!r}")
+    if folds and (cfg["kd_guard"] != "target" or cfg["select"] != "pairwise"):
+        raise ContinualError("continual.kd_guard_folds needs kd_guard: target and select: pairwise (the folds' "
+                             f"pairs are pooled with the validation split's), not kd_guard: {cfg['kd_guard']}, "
+                             f"select: {cfg['select']}")
     from tcl.training import selection_key
 
     for key in ("select", "kd_guard_metric") if cfg["kd_guard_metric"] is not None else ("select",):
@@ -421,14 +433,18 @@ def cl_phase(ac, kb, data: PlatformData, seen: list[PlatformData], cfg: dict, tr
 
 
 def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState | None, cfg: dict,
-             train_params: dict, out_dir, track: bool = False, replay: list = ()) -> tuple[EWCState, dict]:
+             train_params: dict, out_dir, track: bool = False, replay: list = (), cv=None,
+             probe=None) -> tuple[EWCState, dict]:
     """Train the KB from the frozen AC on D_t: L_distill(KB ← AC) + α·L_task(KB, D_t) + λ·EWC
     (α = ``continual.alpha_task``; 0 is the paper's KD, without labels), the first two terms also
     on the `replay` sets (CL's rehearsal, replay_sets); then add D_t's Fisher
     information to the KB's EWC state (attached to `kb`). Returns (state, {"epochs", "kept_start",
     "guard", "select", "start_valid", "end_valid", ...}): the guard's mode and metric
     (``continual.select``), its value before and after (``target``: on the target; ``mean``: the
-    mean over the seen platforms) and, for ``target``, the kept epoch and the sources' start."""
+    mean over the seen platforms) and, for ``target``, the kept epoch and the sources' start.
+    `cv` (tcl.continual.crossval.TargetCV): the target's cross-validated counts per epoch, which the
+    ``target`` guard pools with its validation split's; `probe` (crossval.FoldProbe): a fold's probe
+    run, which scores its held-out fold after every epoch in place of any guard."""
     from tcl.training import train_model
 
     measured = [data.train, *replay]
@@ -442,19 +458,21 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     valid = [d.valid for d in seen if d.valid is not None and len(d.valid)]
     start = {k: v.detach().clone() for k, v in kb.net.state_dict().items()}
     known = list(kb.feature_meta.get("platforms") or [])
-    metric, mode = cfg["select"], (cfg["kd_guard"] if ewc is not None else "none")
+    metric, mode = cfg["select"], (cfg["kd_guard"] if ewc is not None and probe is None else "none")
     guard = (TargetGuard(kb, data, seen, metric, float(cfg["kd_guard_tolerance"]), cfg["kd_guard_splits"],
-                         cfg["kd_guard_metric"] or metric) if mode == "target" else None)
+                         cfg["kd_guard_metric"] or metric, cv) if mode == "target" else None)
     start_valid = _mean_metric(kb, valid, metric) if mode == "mean" else None
     alpha = float(cfg["alpha_task"])
     task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
     if alpha > 0 and len(sets) > len(measured):
         extra["task"] = _measured_task_loss(train_params["loss"], alpha, len(measured))
         task = {"loss": "none"}
-    log = PhaseLog(kb, seen, track=track, guard=guard)
+    log = PhaseLog(kb, seen, track=track, guard=probe if probe is not None else guard)
     train_model(kb, sets, valid, {**train_params, **task}, out_dir, run=log,
                 progress=False, extra_losses=extra)
     report = {"guard": mode, "select": metric}
+    if probe is not None:  # a cross-validation probe: its KB is thrown away, so no Fisher information
+        return ewc, {"epochs": log.rows, "kept_start": False, **report}
     if guard is not None:
         kept = guard.restore()
         report.update(guard.report())
@@ -486,35 +504,49 @@ class TargetGuard:
     and a KD epoch can keep their pairwise accuracy within 0.01 while the source's held-out top-1
     falls by 10-17 points; its training programs are every training task, thousands of programs.
     Measured (docs/continual.md, *Judging forgetting on the sources' training programs*): in
-    pairwise or in top-1 they did not catch those losses either, so the default stays ``valid``."""
+    pairwise or in top-1 they did not catch those losses either, so the default stays ``valid``.
+
+    With `cv` (tcl.continual.crossval.TargetCV; `metric` pairwise) the target's score of an epoch
+    pools the validation split's pairs with the cross-validated folds' pairs of that epoch (the
+    folds alone when the target has no validation split); an epoch past the folds' last is not kept."""
 
     def __init__(self, kb, target: PlatformData, seen: list[PlatformData], metric: str, tolerance: float,
-                 splits=("valid",), source_metric: str | None = None):
-        self.kb, self.metric, self.tolerance = kb, metric, tolerance
+                 splits=("valid",), source_metric: str | None = None, cv=None):
+        self.kb, self.metric, self.tolerance, self.cv = kb, metric, tolerance, cv
         self.source_metric = source_metric or metric
         has_valid = target.valid is not None and len(target.valid)
         self.target_set, self.target_split = (target.valid, "valid") if has_valid else (target.train, "train")
+        if cv is not None:  # the folds judge the target out of sample: its training programs are not needed
+            self.target_set, self.target_split = (target.valid, "valid+folds") if has_valid else (None, "folds")
         # (key, split, programs) of every earlier platform's judged split; a platform's validation
         # split keys by its name alone (the reports' `start_sources` as before), others `name/split`
         self.sources = [(d.platform if split == "valid" else f"{d.platform}/{split}", split, fs)
                         for d in seen if d.platform != target.platform
                         for split, fs in ((s, getattr(d, s)) for s in splits) if fs is not None and len(fs)]
         self.splits = list(splits)
-        self.start = self._scores()
+        self.start = self._scores(None)
         self.best = {"epoch": None, "target": self.start[0],
                      "state": {k: v.detach().clone() for k, v in kb.net.state_dict().items()}}
 
-    def _scores(self) -> tuple[float, dict]:
+    def _scores(self, epoch: int | None) -> tuple[float, dict]:
+        """(the target's score, {source key: its score}) of the KB's current weights, at KD epoch
+        `epoch` (None: the start; it picks the folds' counts)."""
         def score(fs, metric):
             return float(M.evaluate(self.kb.predict_features(fs), fs)[metric])
-        return (score(self.target_set, self.metric),
-                {key: score(fs, self.source_metric) for key, _, fs in self.sources})
+        sources = {key: score(fs, self.source_metric) for key, _, fs in self.sources}
+        if self.cv is None:
+            return score(self.target_set, self.metric), sources
+        folds = self.cv.at(epoch)
+        if folds is None:
+            return float("nan"), sources
+        valid = [crossval.pair_counts(self.kb, self.target_set)] if self.target_set is not None else []
+        return crossval.pooled(*valid, folds), sources
 
     def observe(self, epoch: int) -> dict:
         """Score the KB's current weights; keep them when they qualify and beat the best so far.
         Returns the epoch's guard metrics (logged with the phase's rows): with more than one judged
         split, also each split's worst drop (``guard_worst_source_drop_<split>``)."""
-        target, sources = self._scores()
+        target, sources = self._scores(epoch)
         drops = {key: self.start[1][key] - sources[key] for key in sources}
         worst = max(drops.values(), default=0.0)
         better = worst <= self.tolerance and target > self.best["target"]
@@ -522,6 +554,8 @@ class TargetGuard:
             self.best = {"epoch": epoch, "target": target,
                          "state": {k: v.detach().clone() for k, v in self.kb.net.state_dict().items()}}
         row = {"guard_target": target, "guard_worst_source_drop": worst, "guard_kept": float(better)}
+        if self.cv is not None and self.cv.at(epoch) is not None:
+            row["guard_cv"] = crossval.pooled(self.cv.at(epoch))
         if len(self.splits) > 1:
             for split in self.splits:
                 row[f"guard_worst_source_drop_{split}"] = max(
@@ -541,6 +575,8 @@ class TargetGuard:
             out["source_splits"] = self.splits
         if self.source_metric != self.metric:
             out["source_metric"] = self.source_metric
+        if self.cv is not None:
+            out["cv"] = self.cv.report()
         return out
 
 
@@ -553,8 +589,10 @@ def _mean_metric(model, sets, metric: str) -> float | None:
 
 
 def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dict, cfg: dict,
-                   out_dir, step: int, track: bool = False) -> tuple[object, object, dict]:
-    """AC start, CL and KD on one platform; `kb` None before the first. Returns (KB, AC, report)."""
+                   out_dir, step: int, track: bool = False, probe=None) -> tuple[object, object, dict]:
+    """AC start, CL and KD on one platform; `kb` None before the first. Returns (KB, AC, report).
+    With ``kd_guard_folds`` and a KB, the target's folds run first (tcl.continual.crossval), each
+    through this function with its `probe` (the held-out fold's scorer, in place of the guard)."""
     from tcl.training import feature_meta
 
     if data.train is None or len(data.train) == 0:
@@ -563,6 +601,11 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
     cl_p, kd_p = phase_params(params, cfg, "cl"), phase_params(params, cfg, "kd")
     if kb is None:
         kd_p = {**kd_p, **(cfg["kd_first"] or {})}
+    cv = None
+    if kb is not None and int(cfg["kd_guard_folds"]):
+        kd_p = {**kd_p, "patience": int(kd_p["epochs"])}  # the guard judges every epoch: no early stop
+        if probe is None:
+            cv = crossval.target_cv(kb, data, seen, params, cfg, step, learn_platform)
     seed = int(cl_p["seed"]) + step
     n_features = int(data.train.x.shape[2])
     meta = feature_meta([data.train])
@@ -599,9 +642,10 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
                                                    "kd_guard": cfg["kd_guard"],
                                                    "kd_guard_splits": ",".join(cfg["kd_guard_splits"]),
                                                    "kd_guard_metric": cfg["kd_guard_metric"] or cfg["select"],
+                                                   "kd_guard_folds": cfg["kd_guard_folds"],
                                                    **_flat("train", kd_p)}) as run:
         kd_dir = out_dir / f"{step:02d}-kd-{data.platform}"
-        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track, replay)
+        _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track, replay, cv=cv, probe=probe)
         report["runs"]["kd"] = run.info.run_id if run else None
         if run:
             import mlflow

@@ -43,6 +43,9 @@ read their curves on the validation split, ~10× cheaper per epoch).
                  the issue's own bound (the study's ``guard_top1``: ``kd_guard_splits`` train,
                  ``kd_guard_metric`` top1, ``kd_guard_tolerance`` 0.02)
   ckd-replay-guard-top1  ckd-replay with ckd-guard-top1's guard
+  ckd-cv         ckd whose KD guard also judges the target on the subset's own tasks,
+                 cross-validated in the study's ``cv_folds`` folds (``continual.kd_guard_folds``,
+                 tcl.continual.crossval), KD's early stopping off
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
@@ -68,7 +71,7 @@ from tcl.io import atomic_write_json, json_safe
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
 FROM_KB = ("finetune", "finetune-wise", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
            "ckd-replay", "ckd-guard", "ckd-replay-guard", "ckd-guard-top1",
-           "ckd-replay-guard-top1")  # start from the source KB
+           "ckd-replay-guard-top1", "ckd-cv")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
 WISE_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # finetune-wise's grid unless the study's params give one
 CURVE_SPLITS = ("test", "valid")
@@ -137,7 +140,8 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
               "ckd-guard": guard,
               "ckd-replay-guard": {"replay": replay, **guard},
               "ckd-guard-top1": guard_top1,
-              "ckd-replay-guard-top1": {"replay": replay, **guard_top1}}.get(variant)
+              "ckd-replay-guard-top1": {"replay": replay, **guard_top1},
+              "ckd-cv": {"kd_guard_folds": int(study.get("cv_folds", 4))}}.get(variant)
     if change:
         params = _merged(params, {"continual": change})
     settings(params)  # a clear error for a bad continual section
@@ -322,6 +326,13 @@ def run_variant(variant: str, family: str, root: dict, study: dict, seed: int, o
             extra = {"phi": report["cl"]["phi"], "teacher_quality": report["cl"]["quality"],
                      "loss_ewc": [r.get("loss_ewc", 0.0) for r in report["kd"]["epochs"]],
                      "kd_kept_start": report["kd"]["kept_start"],
+                     # the guard's view: its kept epoch, the target's score before and kept, the
+                     # folds' cross-validated curve (ckd-cv), and per KD epoch what it read
+                     "kd_guard": {k: report["kd"][k] for k in ("kept_epoch", "start_valid", "end_valid", "cv")
+                                  if k in report["kd"]},
+                     "kd_guard_epochs": [{k: r[k] for k in ("epoch", "guard_target", "guard_cv",
+                                                             "guard_worst_source_drop") if k in r}
+                                         for r in report["kd"]["epochs"]],
                      "curves": start_curves + schedule_curves(summary)}
             train_programs = len(subset)
         else:
