@@ -114,29 +114,37 @@ def task_top_k_means(scores, latency, task, ks: Sequence[int] = (1, 5)) -> dict[
 
 def pairwise_accuracy(scores, latency, task, block: int = 2048) -> float:
     """Fraction of same-task pairs with different latency that the scores order correctly."""
-    correct, total = pairwise_counts(scores, latency, task, block)
+    s, lat = _clean_scores(scores), np.asarray(latency, dtype=np.float64)
+    correct, total = 0.0, 0
+    for rows in _task_groups(task).values():
+        c, t = _ordered_pairs(s[rows], lat[rows], block)
+        correct, total = correct + c, total + t
     return correct / total if total else float("nan")
 
 
-def pairwise_counts(scores, latency, task, block: int = 2048) -> tuple[float, int]:
-    """(correctly ordered, all) same-task pairs with different latency, each counted twice (a tie in
-    the scores counts half): pairwise_accuracy's ratio, kept apart so that sets can be pooled."""
-    s = _clean_scores(scores)
-    lat = np.asarray(latency, dtype=np.float64)
-    correct = 0.0
-    total = 0
-    for rows in _task_groups(task).values():
-        if len(rows) < 2:
-            continue
-        ts, tl = s[rows], lat[rows]
-        for a in range(0, len(rows), block):  # blocks of rows bound the (n, n) memory
-            dl = np.sign(tl[None, :] - tl[a:a + block, None])  # +1 where j slower than i
-            ds = np.sign(ts[a:a + block, None] - ts[None, :])  # +1 where i scored higher
-            valid = dl != 0
-            # every unordered pair appears twice (i, j) and (j, i); both halves agree, so the ratio holds
-            agree = np.where(ds == dl, 1.0, np.where(ds == 0, 0.5, 0.0))
-            correct += float(agree[valid].sum())
-            total += int(valid.sum())
+def pairwise_by_task(scores, latency, task, block: int = 2048) -> dict[int, float]:
+    """{task: the fraction of its pairs with different latency that the scores order correctly},
+    for the tasks with such a pair: each task counted once, whatever its number of programs."""
+    s, lat = _clean_scores(scores), np.asarray(latency, dtype=np.float64)
+    out = {}
+    for t, rows in _task_groups(task).items():
+        c, n = _ordered_pairs(s[rows], lat[rows], block)
+        if n:
+            out[int(t)] = c / n
+    return out
+
+
+def _ordered_pairs(ts: np.ndarray, tl: np.ndarray, block: int) -> tuple[float, int]:
+    """(correctly ordered, all) pairs with different latency among one task's programs, each pair
+    counted twice ((i, j) and (j, i)); a tie in the scores counts half."""
+    correct, total = 0.0, 0
+    for a in range(0, len(ts), block):  # blocks of rows bound the (n, n) memory
+        dl = np.sign(tl[None, :] - tl[a:a + block, None])  # +1 where j slower than i
+        ds = np.sign(ts[a:a + block, None] - ts[None, :])  # +1 where i scored higher
+        valid = dl != 0
+        agree = np.where(ds == dl, 1.0, np.where(ds == 0, 0.5, 0.0))
+        correct += float(agree[valid].sum())
+        total += int(valid.sum())
     return correct, total
 
 

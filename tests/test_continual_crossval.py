@@ -8,6 +8,7 @@ import pytest
 from tcl import metrics as M
 from tcl.continual import crossval
 from tcl.continual.schedule import ContinualError, learn_platform, run_schedule, settings
+from tcl.models import load_model
 
 from .test_continual import PARAMS, _platform
 from .test_training import make_fs
@@ -31,24 +32,27 @@ def test_task_folds_deal_whole_tasks_into_disjoint_seeded_folds():
     assert len(crossval.task_folds(task[:10], 4, seed=0)) == 2  # never more folds than tasks
 
 
-def test_pooled_pair_counts_are_the_pairwise_accuracy_of_the_sets_together():
-    a, b = make_fs(seed=1, n_tasks=3), make_fs(seed=2, n_tasks=2)
+def test_the_guard_scores_each_task_once_whatever_its_programs():
+    a = make_fs(seed=1, n_tasks=3, per_task=40)
+    b = make_fs(seed=2, n_tasks=2, per_task=6)
     rng = np.random.default_rng(0)
     sa, sb = rng.standard_normal(len(a)), rng.standard_normal(len(b))
-    together = M.pairwise_accuracy(np.concatenate([sa, sb]), np.concatenate([a.latency, b.latency]),
-                                   np.concatenate([a.task, b.task + 10]))
-    counts = [M.pairwise_counts(sa, a.latency, a.task), M.pairwise_counts(sb, b.latency, b.task)]
-    assert crossval.pooled(*counts) == pytest.approx(together)
-    assert M.pairwise_accuracy(sa, a.latency, a.task) == pytest.approx(crossval.pooled(counts[0]))
-    assert np.isnan(crossval.pooled((0.0, 0)))
+    by_task = M.pairwise_by_task(sa, a.latency, a.task)
+    assert sorted(by_task) == [0, 1, 2]
+    for t, acc in by_task.items():
+        rows = a.task == t
+        assert acc == pytest.approx(M.pairwise_accuracy(sa[rows], a.latency[rows], a.task[rows]))
+    per_task = list(by_task.values()) + list(M.pairwise_by_task(sb, b.latency, b.task).values())
+    assert crossval.pooled(list(by_task.values()), per_task[3:]) == pytest.approx(np.mean(per_task))
+    assert np.isnan(crossval.pooled([], []))
 
 
 def test_kd_guard_folds_judges_every_kd_epoch_on_the_validation_split_and_the_held_out_folds(tmp_path, monkeypatch,
                                                                                              one_torch_thread):
     """A two-platform schedule whose target KD is guarded with 3 folds of the target's 12 tasks:
     every probe run trains without its fold (whole tasks) and scores it; KD runs every epoch (early
-    stopping off, though patience is 1); the guard's score of an epoch pools the validation split's
-    pairs with the folds'; the probes leave the real run as it is without them."""
+    stopping off, though patience is 1); the guard's score of an epoch is the mean over the
+    validation split's tasks and the folds' tasks; the probes leave the real run as it is without them."""
     source, target = _platform("p0", 5), _platform("p1", 1)
     seen_by_probes = []
 
@@ -79,8 +83,13 @@ def test_kd_guard_folds_judges_every_kd_epoch_on_the_validation_split_and_the_he
         assert kd["kept_epoch"] == max(qualifying, key=lambda r: r["guard_target"])["epoch"]
     else:
         assert kd["kept_start"] and kd["end_valid"] == kd["start_valid"]
-    # with the folds' pairs the guard reads more than the validation split's (12 tasks of 24 vs 4)
-    assert min(r["guard_target"] for r in rows) < max(r["guard_target"] for r in rows)
+    # the kept KB's score: its validation tasks' with the folds' tasks of its epoch, each task once
+    kb = load_model(tmp_path / "cv" / "model.pt")
+    valid_tasks = list(M.pairwise_by_task(kb.predict_features(target.valid), target.valid.latency,
+                                          target.valid.task).values())
+    folds = cv["start"] if kd["kept_epoch"] is None else cv["epochs"][kd["kept_epoch"]]
+    assert len(valid_tasks) == 4 and kd["end_valid"] == pytest.approx(
+        (sum(valid_tasks) + cv["tasks"] * folds) / (len(valid_tasks) + cv["tasks"]))
 
     # the probes train copies: the real run's KD is the one a run without folds makes
     plain = run_schedule("fam", [source, target], _params(0, kd_patience=100), tmp_path / "plain", track=False)

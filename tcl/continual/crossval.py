@@ -11,11 +11,12 @@ held-out networks higher (docs/continual.md, *A cross-validated KD guard*). The 
 Cross-validation makes them judgeable. The subset's tasks are dealt into K folds; for each fold the
 platform's whole learning (AC start, CL, KD; :func:`tcl.continual.schedule.learn_platform`) runs
 again on a copy of the KB without the fold's programs, and the fold is scored after every KD epoch
-(:class:`FoldProbe`). The guard then reads, for each epoch, the pairwise accuracy pooled over the
-pairs of the validation split (the real run's) and of every fold (the probe runs'): the same
-metric, about five times the pairs. KD's early stopping is off under it (every epoch is judged by
-the guard). The real run is unchanged by the probes (each training epoch seeds itself); the cost
-is K more runs of the platform's learning.
+(:class:`FoldProbe`). The guard then reads, for each epoch, the mean over tasks of each task's
+pairwise accuracy, over the validation split's tasks (the real run's) and every fold's (the probe
+runs'): 21 tasks instead of 4 in the bundle. Each task counts once: pooled by pairs, the validation
+split's 128 programs a task would outweigh a fold task's ~17 by 50 to 1 and hide the folds. KD's
+early stopping is off under it (every epoch is judged by the guard). The real run is unchanged by
+the probes (each training epoch seeds itself); the cost is K more runs of the platform's learning.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ from tcl import metrics as M
 
 log = logging.getLogger(__name__)
 
-Counts = tuple[float, int]  # (correctly ordered, all) same-task pairs: tcl.metrics.pairwise_counts
+TaskScores = list[float]  # one pairwise accuracy per task (tcl.metrics.pairwise_by_task)
 
 
-def pair_counts(model, fs) -> Counts:
-    """The model's pairwise counts on a feature set."""
-    return M.pairwise_counts(model.predict_features(fs), fs.latency, fs.task)
+def task_scores(model, fs) -> TaskScores:
+    """The model's pairwise accuracy on each task of a feature set."""
+    return list(M.pairwise_by_task(model.predict_features(fs), fs.latency, fs.task).values())
 
 
-def pooled(*counts: Counts) -> float:
-    """Pairwise accuracy over every pair of the given counts (nan without pairs)."""
-    correct, total = sum(c for c, _ in counts), sum(t for _, t in counts)
-    return correct / total if total else float("nan")
+def pooled(*scores: TaskScores) -> float:
+    """The mean over every task of the given lists (nan without any)."""
+    every = [v for s in scores for v in s]
+    return float(np.mean(every)) if every else float("nan")
 
 
 def task_folds(task: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
@@ -57,30 +58,30 @@ def task_folds(task: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
 
 class FoldProbe:
     """A probe run's KD observer (PhaseLog calls ``observe`` after every epoch): the KB's pairwise
-    counts on the held-out fold, before KD (``start``) and after each epoch (``epochs``)."""
+    accuracy on each task of the held-out fold, before KD (``start``) and after each epoch (``epochs``)."""
 
     def __init__(self, kb, fold):
         self.kb, self.fold = kb, fold
-        self.start = pair_counts(kb, fold)
-        self.epochs: list[Counts] = []
+        self.start = task_scores(kb, fold)
+        self.epochs: list[TaskScores] = []
 
     def observe(self, epoch: int) -> dict:
-        self.epochs.append(pair_counts(self.kb, self.fold))
+        self.epochs.append(task_scores(self.kb, self.fold))
         return {"probe_pairwise": pooled(self.epochs[-1])}
 
 
 @dataclasses.dataclass
 class TargetCV:
-    """What the folds' probe runs measured: pairwise counts of the held-out folds, pooled over the
+    """What the folds' probe runs measured: the pairwise accuracy of every task of the held-out
     folds, for the starting KB and after each KD epoch (``epochs[e]``)."""
 
     folds: int
     tasks: int
-    start: Counts
-    epochs: list[Counts]
+    start: TaskScores
+    epochs: list[TaskScores]
 
-    def at(self, epoch: int | None) -> Counts | None:
-        """The pooled counts of KD epoch `epoch` (None: the starting KB); None past the probes' last epoch."""
+    def at(self, epoch: int | None) -> TaskScores | None:
+        """The folds' task scores at KD epoch `epoch` (None: the starting KB); None past the probes' last epoch."""
         if epoch is None:
             return self.start
         return self.epochs[epoch] if epoch < len(self.epochs) else None
@@ -114,6 +115,6 @@ def target_cv(kb, data, seen: list, params: dict, cfg: dict, step: int, learn) -
             learn(probe_kb, fold_data, fold_seen, params, cfg, Path(tmp) / f"fold-{k}", step, probe=probe)
             probes.append(probe)
     n_epochs = min(len(p.epochs) for p in probes)
-    start = (sum(p.start[0] for p in probes), sum(p.start[1] for p in probes))
-    epochs = [(sum(p.epochs[e][0] for p in probes), sum(p.epochs[e][1] for p in probes)) for e in range(n_epochs)]
+    start = [v for p in probes for v in p.start]
+    epochs = [[v for p in probes for v in p.epochs[e]] for e in range(n_epochs)]
     return TargetCV(folds=len(folds), tasks=int(len(np.unique(data.train.task))), start=start, epochs=epochs)

@@ -98,7 +98,7 @@ DEFAULTS = {
     # kd_guard target: the metric that loss is measured in (tcl.training select's names); None: `select`
     "kd_guard_metric": None,
     # kd_guard target: also judge the target, cross-validated, on the subset's own tasks in this many
-    # folds (tcl.continual.crossval; needs select pairwise; KD's early stopping off); 0: off
+    # folds (tcl.continual.crossval; pairwise, each task once; KD's early stopping off); 0: off
     "kd_guard_folds": 0,
     "kd_guard_fold_seed": 0,   # deals the subset's tasks into the folds
     # KD's task-loss weight α: L = L_distill(KB <- AC) + α·L_task(KB, D_t) + λ·EWC (0: the paper's KD)
@@ -165,7 +165,7 @@ def settings(params: dict) -> dict:
         raise ContinualError(f"continual.kd_guard_folds must be 0 (off) or a number of folds >= 2, not {folds!r}")
     if folds and (cfg["kd_guard"] != "target" or cfg["select"] != "pairwise"):
         raise ContinualError("continual.kd_guard_folds needs kd_guard: target and select: pairwise (the folds' "
-                             f"pairs are pooled with the validation split's), not kd_guard: {cfg['kd_guard']}, "
+                             f"tasks are judged in pairwise accuracy), not kd_guard: {cfg['kd_guard']}, "
                              f"select: {cfg['select']}")
     from tcl.training import selection_key
 
@@ -506,9 +506,10 @@ class TargetGuard:
     Measured (docs/continual.md, *Judging forgetting on the sources' training programs*): in
     pairwise or in top-1 they did not catch those losses either, so the default stays ``valid``.
 
-    With `cv` (tcl.continual.crossval.TargetCV; `metric` pairwise) the target's score of an epoch
-    pools the validation split's pairs with the cross-validated folds' pairs of that epoch (the
-    folds alone when the target has no validation split); an epoch past the folds' last is not kept."""
+    With `cv` (tcl.continual.crossval.TargetCV; `metric` pairwise) the target's score of an epoch is
+    the mean pairwise accuracy over the validation split's tasks and the cross-validated folds'
+    tasks of that epoch, each task once (the folds alone when the target has no validation split);
+    an epoch past the folds' last is not kept."""
 
     def __init__(self, kb, target: PlatformData, seen: list[PlatformData], metric: str, tolerance: float,
                  splits=("valid",), source_metric: str | None = None, cv=None):
@@ -539,7 +540,7 @@ class TargetGuard:
         folds = self.cv.at(epoch)
         if folds is None:
             return float("nan"), sources
-        valid = [crossval.pair_counts(self.kb, self.target_set)] if self.target_set is not None else []
+        valid = [crossval.task_scores(self.kb, self.target_set)] if self.target_set is not None else []
         return crossval.pooled(*valid, folds), sources
 
     def observe(self, epoch: int) -> dict:
