@@ -442,8 +442,8 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     "guard", "select", "start_valid", "end_valid", ...}): the guard's mode and metric
     (``continual.select``), its value before and after (``target``: on the target; ``mean``: the
     mean over the seen platforms) and, for ``target``, the kept epoch and the sources' start.
-    `cv` (tcl.continual.crossval.TargetCV): the target's cross-validated counts per epoch, which the
-    ``target`` guard pools with its validation split's; `probe` (crossval.FoldProbe): a fold's probe
+    `cv` (tcl.continual.crossval.TargetCV): the target's cross-validated task scores per epoch, which
+    the ``target`` guard averages with its validation split's tasks; `probe` (crossval.FoldProbe): a fold's probe
     run, which scores its held-out fold after every epoch in place of any guard."""
     from tcl.training import train_model
 
@@ -531,7 +531,7 @@ class TargetGuard:
 
     def _scores(self, epoch: int | None) -> tuple[float, dict]:
         """(the target's score, {source key: its score}) of the KB's current weights, at KD epoch
-        `epoch` (None: the start; it picks the folds' counts)."""
+        `epoch` (None: the start; it picks the folds' task scores)."""
         def score(fs, metric):
             return float(M.evaluate(self.kb.predict_features(fs), fs)[metric])
         sources = {key: score(fs, self.source_metric) for key, _, fs in self.sources}
