@@ -16,7 +16,6 @@ import torch
 from click.testing import CliRunner
 
 from tcl.continual.distill import phi_at, teacher_quality
-from tcl.continual.schedule import ContinualError
 from tcl.continual.study import VARIANTS, StudyError, learn_sources, run_params, run_variant
 from tcl.models import load_model, new_model
 
@@ -63,9 +62,7 @@ def _run(variant, study_data, source_kb, tmp_path, sources="same", kb=None):
 
     start = kb if kb is not None else (source_kb if variant in FROM_KB else None)
     out = tmp_path / f"{variant}.json"
-    # the cross-validated guard pools pairs: it runs where select is pairwise (the main job's)
-    params = PARAMS if variant != "ckd-cv" else {**PARAMS, "continual": {**PARAMS["continual"], "select": "pairwise"}}
-    result = run_variant(variant, "fam", params, study, 0, out, sources=sources, source_kb=start,
+    result = run_variant(variant, "fam", PARAMS, study, 0, out, sources=sources, source_kb=start,
                          splits_dir=root / "splits")
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     return result
@@ -144,12 +141,11 @@ def test_ablations_change_only_what_they_name(study_data, source_kb, tmp_path, o
             ["train"], "top1", 0.02)
     assert guard["ckd-replay-guard-top1"]["replay"] == 0.5
     # ckd-cv: the guard's folds (the study's cv_folds, default 4), nothing else
-    pairwise = {**PARAMS, "continual": {**PARAMS["continual"], "select": "pairwise"}}
     for folds, over in ((4, {}), (3, {"cv_folds": 3})):
-        cv = run_params(pairwise, {**study, **over}, 0, "ckd-cv")["continual"]
-        assert cv == {**run_params(pairwise, study, 0, "ckd")["continual"], "kd_guard_folds": folds}
-    with pytest.raises(ContinualError, match="select: pairwise"):  # the guard's pairs need it
-        run_params(PARAMS, study, 0, "ckd-cv")
+        cv = run_params(PARAMS, {**study, **over}, 0, "ckd-cv")["continual"]
+        assert cv == {**guard["ckd"], "kd_guard_folds": folds}
+        cv_top1 = run_params(PARAMS, {**study, **over}, 0, "ckd-cv-top1")["continual"]
+        assert cv_top1 == {**cv, "kd_guard_fold_metric": "task_top1"}
 
 
 def test_finetune_wise_interpolates_between_the_source_kb_and_finetune(study_data, source_kb, tmp_path,

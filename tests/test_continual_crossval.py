@@ -47,6 +47,30 @@ def test_the_guard_scores_each_task_once_whatever_its_programs():
     assert np.isnan(crossval.pooled([], []))
 
 
+class _Scores:
+    """A model whose scores are given (crossval.task_scores reads predict_features only)."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def predict_features(self, fs):
+        return self.scores
+
+
+def test_task_top1_and_top5_scores_are_the_best_latency_over_the_top_picks():
+    fs = make_fs(seed=3, n_tasks=4, per_task=9)
+    scores = np.random.default_rng(1).standard_normal(len(fs))
+    for metric, k in (("task_top1", 1), ("task_top5", 5)):
+        got = crossval.task_scores(_Scores(scores), fs, metric)
+        hand = []
+        for t in range(4):
+            rows = np.flatnonzero(fs.task == t)
+            picks = rows[np.argsort(-scores[rows], kind="stable")[:k]]
+            hand.append(fs.latency[rows].min() / fs.latency[picks].min())
+        assert got == pytest.approx(hand)
+        assert np.mean(got) == pytest.approx(M.task_top_k_means(scores, fs.latency, fs.task, (k,))[f"task_top{k}"])
+
+
 def test_kd_guard_folds_judges_every_kd_epoch_on_the_validation_split_and_the_held_out_folds(tmp_path, monkeypatch,
                                                                                              one_torch_thread):
     """A two-platform schedule whose target KD is guarded with 3 folds of the target's 12 tasks:
@@ -112,8 +136,8 @@ def test_kd_guard_folds_without_a_validation_split_judge_the_target_on_the_folds
 @pytest.mark.parametrize("change, message", [
     ({"kd_guard_folds": 1}, r"0 \(off\) or a number of folds >= 2"),
     ({"kd_guard_folds": -2}, r"0 \(off\) or a number of folds >= 2"),
-    ({"kd_guard_folds": 3, "select": "top1"}, "select: pairwise"),
     ({"kd_guard_folds": 3, "kd_guard": "mean"}, "kd_guard: target"),
+    ({"kd_guard_folds": 3, "kd_guard_fold_metric": "top1"}, "pairwise, task_top1, task_top5"),
 ])
 def test_kd_guard_folds_settings_are_checked(change, message):
     with pytest.raises(ContinualError, match=message):

@@ -12,8 +12,8 @@ Cross-validation makes them judgeable. The subset's tasks are dealt into K folds
 platform's whole learning (AC start, CL, KD; :func:`tcl.continual.schedule.learn_platform`) runs
 again on a copy of the KB without the fold's programs, and the fold is scored after every KD epoch
 (:class:`FoldProbe`). The guard then reads, for each epoch, the mean over tasks of each task's
-pairwise accuracy, over the validation split's tasks (the real run's) and every fold's (the probe
-runs'): 21 tasks instead of 4 in the bundle. Each task counts once: pooled by pairs, the validation
+score (``kd_guard_fold_metric``: pairwise accuracy, or task top-1 / top-5), over the validation
+split's tasks (the real run's) and every fold's (the probe runs'): 21 tasks instead of 4 in the bundle. Each task counts once: pooled by pairs, the validation
 split's 128 programs a task would outweigh a fold task's ~17 by 50 to 1 and hide the folds. KD's
 early stopping is off under it (every epoch is judged by the guard). The real run is unchanged by
 the probes (each training epoch seeds itself); the cost is K more runs of the platform's learning.
@@ -33,12 +33,19 @@ from tcl import metrics as M
 
 log = logging.getLogger(__name__)
 
-TaskScores = list[float]  # one pairwise accuracy per task (tcl.metrics.pairwise_by_task)
+TaskScores = list[float]  # one score per task
+FOLD_METRICS = ("pairwise", "task_top1", "task_top5")  # continual.kd_guard_fold_metric
 
 
-def task_scores(model, fs) -> TaskScores:
-    """The model's pairwise accuracy on each task of a feature set."""
-    return list(M.pairwise_by_task(model.predict_features(fs), fs.latency, fs.task).values())
+def task_scores(model, fs, metric: str = "pairwise") -> TaskScores:
+    """The model's score on each task of a feature set: its pairwise accuracy (every same-task pair
+    with different latencies), or task_top1 / task_top5 (the best latency over the latency of the
+    best of its top-1 / top-5 scored programs)."""
+    scores = model.predict_features(fs)
+    if metric == "pairwise":
+        return list(M.pairwise_by_task(scores, fs.latency, fs.task).values())
+    k = {"task_top1": 1, "task_top5": 5}[metric]
+    return [e["best"] / e[k] for e in M.task_best_topk(scores, fs.latency, fs.task, (k,)).values()]
 
 
 def pooled(*scores: TaskScores) -> float:
@@ -57,26 +64,28 @@ def task_folds(task: np.ndarray, folds: int, seed: int) -> list[np.ndarray]:
 
 
 class FoldProbe:
-    """A probe run's KD observer (PhaseLog calls ``observe`` after every epoch): the KB's pairwise
-    accuracy on each task of the held-out fold, before KD (``start``) and after each epoch (``epochs``)."""
+    """A probe run's KD observer (PhaseLog calls ``observe`` after every epoch): the KB's score
+    (`metric`, task_scores) on each task of the held-out fold, before KD (``start``) and after each
+    epoch (``epochs``)."""
 
-    def __init__(self, kb, fold):
-        self.kb, self.fold = kb, fold
-        self.start = task_scores(kb, fold)
+    def __init__(self, kb, fold, metric: str = "pairwise"):
+        self.kb, self.fold, self.metric = kb, fold, metric
+        self.start = task_scores(kb, fold, metric)
         self.epochs: list[TaskScores] = []
 
     def observe(self, epoch: int) -> dict:
-        self.epochs.append(task_scores(self.kb, self.fold))
-        return {"probe_pairwise": pooled(self.epochs[-1])}
+        self.epochs.append(task_scores(self.kb, self.fold, self.metric))
+        return {f"probe_{self.metric}": pooled(self.epochs[-1])}
 
 
 @dataclasses.dataclass
 class TargetCV:
-    """What the folds' probe runs measured: the pairwise accuracy of every task of the held-out
-    folds, for the starting KB and after each KD epoch (``epochs[e]``)."""
+    """What the folds' probe runs measured: the score (`metric`, task_scores) of every task of the
+    held-out folds, for the starting KB and after each KD epoch (``epochs[e]``)."""
 
     folds: int
     tasks: int
+    metric: str
     start: TaskScores
     epochs: list[TaskScores]
 
@@ -87,7 +96,7 @@ class TargetCV:
         return self.epochs[epoch] if epoch < len(self.epochs) else None
 
     def report(self) -> dict:
-        return {"folds": self.folds, "tasks": self.tasks, "start": pooled(self.start),
+        return {"folds": self.folds, "tasks": self.tasks, "metric": self.metric, "start": pooled(self.start),
                 "epochs": [pooled(c) for c in self.epochs]}
 
 
@@ -111,10 +120,11 @@ def target_cv(kb, data, seen: list, params: dict, cfg: dict, step: int, learn) -
             fold_seen = [fold_data if d.platform == data.platform else dataclasses.replace(d, curve=None)
                          for d in seen]
             probe_kb = copy.deepcopy(kb)
-            probe = FoldProbe(probe_kb, data.train.subset(rows))
+            probe = FoldProbe(probe_kb, data.train.subset(rows), cfg["kd_guard_fold_metric"])
             learn(probe_kb, fold_data, fold_seen, params, cfg, Path(tmp) / f"fold-{k}", step, probe=probe)
             probes.append(probe)
     n_epochs = min(len(p.epochs) for p in probes)
     start = [v for p in probes for v in p.start]
     epochs = [[v for p in probes for v in p.epochs[e]] for e in range(n_epochs)]
-    return TargetCV(folds=len(folds), tasks=int(len(np.unique(data.train.task))), start=start, epochs=epochs)
+    return TargetCV(folds=len(folds), tasks=int(len(np.unique(data.train.task))),
+                    metric=cfg["kd_guard_fold_metric"], start=start, epochs=epochs)

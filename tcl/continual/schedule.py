@@ -98,9 +98,11 @@ DEFAULTS = {
     # kd_guard target: the metric that loss is measured in (tcl.training select's names); None: `select`
     "kd_guard_metric": None,
     # kd_guard target: also judge the target, cross-validated, on the subset's own tasks in this many
-    # folds (tcl.continual.crossval; pairwise, each task once; KD's early stopping off); 0: off
+    # folds (tcl.continual.crossval; each task once; KD's early stopping off); 0: off
     "kd_guard_folds": 0,
     "kd_guard_fold_seed": 0,   # deals the subset's tasks into the folds
+    # ... and each task's score there: pairwise | task_top1 | task_top5 (crossval.task_scores)
+    "kd_guard_fold_metric": "pairwise",
     # KD's task-loss weight α: L = L_distill(KB <- AC) + α·L_task(KB, D_t) + λ·EWC (0: the paper's KD)
     "alpha_task": 0.0,
     # the validation metric of every phase's early stopping and of the KD guard (tcl.training select)
@@ -163,10 +165,11 @@ def settings(params: dict) -> dict:
     folds = cfg["kd_guard_folds"]
     if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0 or folds == 1:
         raise ContinualError(f"continual.kd_guard_folds must be 0 (off) or a number of folds >= 2, not {folds!r}")
-    if folds and (cfg["kd_guard"] != "target" or cfg["select"] != "pairwise"):
-        raise ContinualError("continual.kd_guard_folds needs kd_guard: target and select: pairwise (the folds' "
-                             f"tasks are judged in pairwise accuracy), not kd_guard: {cfg['kd_guard']}, "
-                             f"select: {cfg['select']}")
+    if folds and cfg["kd_guard"] != "target":
+        raise ContinualError(f"continual.kd_guard_folds needs kd_guard: target, not {cfg['kd_guard']}")
+    if cfg["kd_guard_fold_metric"] not in crossval.FOLD_METRICS:
+        raise ContinualError(f"continual.kd_guard_fold_metric must be one of {', '.join(crossval.FOLD_METRICS)}, "
+                             f"not {cfg['kd_guard_fold_metric']!r}")
     from tcl.training import selection_key
 
     for key in ("select", "kd_guard_metric") if cfg["kd_guard_metric"] is not None else ("select",):
@@ -506,9 +509,9 @@ class TargetGuard:
     Measured (docs/continual.md, *Judging forgetting on the sources' training programs*): in
     pairwise or in top-1 they did not catch those losses either, so the default stays ``valid``.
 
-    With `cv` (tcl.continual.crossval.TargetCV; `metric` pairwise) the target's score of an epoch is
-    the mean pairwise accuracy over the validation split's tasks and the cross-validated folds'
-    tasks of that epoch, each task once (the folds alone when the target has no validation split);
+    With `cv` (tcl.continual.crossval.TargetCV) the target's score of an epoch is the mean of the
+    cv's per-task metric over the validation split's tasks and the cross-validated folds' tasks of
+    that epoch, each task once (the folds alone when the target has no validation split);
     an epoch past the folds' last is not kept."""
 
     def __init__(self, kb, target: PlatformData, seen: list[PlatformData], metric: str, tolerance: float,
@@ -540,7 +543,7 @@ class TargetGuard:
         folds = self.cv.at(epoch)
         if folds is None:
             return float("nan"), sources
-        valid = [crossval.task_scores(self.kb, self.target_set)] if self.target_set is not None else []
+        valid = [crossval.task_scores(self.kb, self.target_set, self.cv.metric)] if self.target_set is not None else []
         return crossval.pooled(*valid, folds), sources
 
     def observe(self, epoch: int) -> dict:
@@ -644,6 +647,7 @@ def learn_platform(kb, data: PlatformData, seen: list[PlatformData], params: dic
                                                    "kd_guard_splits": ",".join(cfg["kd_guard_splits"]),
                                                    "kd_guard_metric": cfg["kd_guard_metric"] or cfg["select"],
                                                    "kd_guard_folds": cfg["kd_guard_folds"],
+                                                   "kd_guard_fold_metric": cfg["kd_guard_fold_metric"],
                                                    **_flat("train", kd_p)}) as run:
         kd_dir = out_dir / f"{step:02d}-kd-{data.platform}"
         _, report["kd"] = kd_phase(kb, ac, data, seen, ewc, cfg, kd_p, kd_dir, track, replay, cv=cv, probe=probe)
