@@ -6,15 +6,16 @@ target's validation split, a handful of tasks (4 in the bundle). On a 10% subset
 mostly noise: in the study's x86-sse runs the guard kept the source KB in 6 of 9 seeds, while in 2
 of the 3 seeds whose per-epoch held-out curves were recorded the later KD epochs ranked the
 held-out networks higher (docs/continual.md, *A cross-validated KD guard*). The subset's own tasks
-(17 in the bundle) would be more to judge on, but KD trains on them.
+(23 in the bundle, ~13 programs each) would be more to judge on, but KD trains on them.
 
 Cross-validation makes them judgeable. The subset's tasks are dealt into K folds; for each fold the
 platform's whole learning (AC start, CL, KD; :func:`tcl.continual.schedule.learn_platform`) runs
 again on a copy of the KB without the fold's programs, and the fold is scored after every KD epoch
 (:class:`FoldProbe`). The guard then reads, for each epoch, the mean over tasks of each task's
 score (``kd_guard_fold_metric``: pairwise accuracy, or task top-1 / top-5), over the validation
-split's tasks (the real run's) and every fold's (the probe runs'): 21 tasks instead of 4 in the bundle. Each task counts once: pooled by pairs, the validation
-split's 128 programs a task would outweigh a fold task's ~17 by 50 to 1 and hide the folds. KD's
+split's tasks (the real run's) and every fold's (the probe runs'): 27 tasks instead of 4 in the
+bundle. Each task counts once: pooled by pairs, a validation task's 128 programs (16,256 ordered
+pairs) would outweigh a fold task's ~13 (~150 pairs) by about 100 to 1 and hide the folds. KD's
 early stopping is off under it (every epoch is judged by the guard). The real run is unchanged by
 the probes (each training epoch seeds itself); the cost is K more runs of the platform's learning.
 """
