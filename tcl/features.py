@@ -376,7 +376,7 @@ def load_feature_set(path: str | os.PathLike, stored_x: bool = False, finite_onl
     if finite_only and not stored_x:
         bad = nonfinite_programs(fs.x)
         if len(bad):
-            cols = np.unique(np.nonzero(~np.isfinite(fs.x.take(bad, axis=0)))[2]).tolist()
+            cols = nonfinite_columns(fs.x, bad)
             logging.getLogger(__name__).warning(
                 f"warning: {path}: skipped {len(bad)} of {n} programs whose features are not finite "
                 f"(NaN/inf; rows {_first(bad)}; feature columns {_first(cols)}); re-make the file with `tcl featurize`")
@@ -391,6 +391,11 @@ def nonfinite_programs(x: np.ndarray, chunk: int = 8192) -> np.ndarray:
         part = np.asarray(x[a:a + chunk])
         rows.append(a + np.flatnonzero((~np.isfinite(part.reshape(len(part), -1))).any(axis=1)))
     return np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+def nonfinite_columns(x: np.ndarray, rows: np.ndarray) -> list[int]:
+    """The feature columns (last axis) with a NaN or infinite value in the programs `rows` of `x`."""
+    return np.unique(np.nonzero(~np.isfinite(np.asarray(x.take(rows, axis=0))))[-1]).tolist()
 
 
 def _first(items, k: int = 5) -> str:

@@ -186,15 +186,14 @@ def selection_key(train_params: dict) -> str:
 def check_finite_features(model, sets: Sequence, chunk: int = 8192) -> None:
     """Raise ValueError if any feature value is NaN/inf: a net would output NaN for the program and
     every batch holding it would be skipped, so training would silently learn nothing."""
-    from tcl.features import nonfinite_programs
+    from tcl.features import nonfinite_columns, nonfinite_programs
 
     for fs in sets:
         x = model.inputs(fs)[0]
         bad = nonfinite_programs(x, chunk)
         if len(bad):
-            bad_cols = np.unique(np.nonzero(~np.isfinite(np.asarray(x.take(bad, axis=0))))[2]).tolist()
             raise ValueError(f"FeatureSet of platform {fs.platform!r}: {len(bad)} of {len(fs)} programs have "
-                             f"non-finite feature values (feature columns {bad_cols}); "
+                             f"non-finite feature values (feature columns {nonfinite_columns(x, bad)}); "
                              f"fix the featurizer output (tcl featurize) before training")
 
 

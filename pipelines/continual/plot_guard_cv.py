@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     by_panel: dict[tuple, list[dict]] = defaultdict(list)  # (family, variant): its runs
     for path in args.runs:
-        run = json.loads(open(path).read())
+        run = json.loads(Path(path).read_text())
         if not str(run.get("variant")).startswith("ckd-cv"):
             raise SystemExit(f"{path}: a {run.get('variant')!r} run, not a cross-validated guard's (ckd-cv*)")
         by_panel[run["family"], run["variant"]].append(run)

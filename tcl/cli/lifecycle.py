@@ -265,8 +265,10 @@ def predict(features, model_ref, family, out, chunk, as_json, fused):
                    f"(NaN/inf; first row {int(bad[0])}): not scored", err=True)
     scores = np.full(len(fs), np.nan, np.float32)
     kept = np.setdiff1d(np.arange(len(fs)), bad)
-    if len(kept) or not len(bad):
-        scores[kept] = pred.predict_features(fs.subset(kept) if len(bad) else fs, family=family)
+    if not len(bad):
+        scores = pred.predict_features(fs, family=family)
+    elif len(kept):
+        scores[kept] = pred.predict_features(fs.subset(kept), family=family)
     if out:
         from tcl.io import atomic_path
 

@@ -131,6 +131,7 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
     params = _merged(root, study.get("params") or {})
     params = _merged(params, {"train": {"seed": int(seed)}})
     replay = float(study.get("replay", 1.0))
+    folds = int(study.get("cv_folds", 4))  # ckd-cv*: the KD guard's cross-validation folds
     guard = dict(study.get("guard") or {"kd_guard_splits": ["valid", "train"]})
     guard_top1 = dict(study.get("guard_top1") or {"kd_guard_splits": ["train"], "kd_guard_metric": "top1",
                                                   "kd_guard_tolerance": 0.02})
@@ -143,9 +144,8 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
               "ckd-replay-guard": {"replay": replay, **guard},
               "ckd-guard-top1": guard_top1,
               "ckd-replay-guard-top1": {"replay": replay, **guard_top1},
-              "ckd-cv": {"kd_guard_folds": int(study.get("cv_folds", 4))},
-              "ckd-cv-top1": {"kd_guard_folds": int(study.get("cv_folds", 4)),
-                              "kd_guard_fold_metric": "task_top1"}}.get(variant)
+              "ckd-cv": {"kd_guard_folds": folds},
+              "ckd-cv-top1": {"kd_guard_folds": folds, "kd_guard_fold_metric": "task_top1"}}.get(variant)
     if change:
         params = _merged(params, {"continual": change})
     settings(params)  # a clear error for a bad continual section
