@@ -25,26 +25,49 @@ ORDER = ("zeroshot-amd-zen4-avx512", "zeroshot-x86-avx2", "zeroshot-x86-sse",
          "transfer-rdu", "transfer-random", "transfer-pool-rdu", "transfer-pool-random", "scratch-full", "mlp-tenset-full")
 # a label's last word names what it trained on; a zero-shot KB's names its family
 PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%"}
+# the pool-size study's labels: STRATEGY-RATIO (a KB from scratch, the main job's training),
+# STRATEGY-RATIO-steps (equal optimizer steps), STRATEGY-RATIO-transfer (`tcl transfer`), full
+POOL_STRATEGIES = ("rdu", "random", "kmeans", "uncertainty", "balto")
+POOL_TRAININGS = {"": "", "steps": ", equal steps", "transfer": ", tcl transfer"}
 
 
-def load_runs(results: Path) -> dict[str, list[dict]]:
-    runs: dict[str, list[dict]] = {}
-    for path in sorted(results.glob("*.json")):
-        r = json.loads(path.read_text())
-        runs.setdefault(r["label"], []).append(r)
-    return runs
+def pool_label(label: str) -> tuple[str, float, str] | None:
+    """(strategy, ratio, training) of a pool-size study label, else None."""
+    words = label.split("-")
+    training = words.pop() if words[-1] in POOL_TRAININGS else ""
+    if len(words) != 2 or words[0] not in POOL_STRATEGIES:
+        return None
+    try:
+        return words[0], float(words[1]), training
+    except ValueError:
+        return None
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def trained_on(label: str) -> str:
+    pooled = pool_label(label)
+    if pooled:
+        strategy, ratio, training = pooled
+        return f"{ratio:.0%} ({strategy}{POOL_TRAININGS[training]})"
+    return PROGRAMS.get(label.rsplit("-", 1)[-1], "none")
 
 
-def summarize(runs: dict[str, list[dict]], trained_on: str | None = None) -> list[dict]:
-    """One row per label; `trained_on` names the data of every row (else read off the label)."""
+def order(label: str) -> tuple:
+    """The table's order: ORDER's labels, then the pool-size study's by ratio, training, strategy."""
+    if label in ORDER:
+        return (0, ORDER.index(label))
+    pooled = pool_label(label)
+    if pooled:
+        strategy, ratio, training = pooled
+        return (1, ratio, list(POOL_TRAININGS).index(training), POOL_STRATEGIES.index(strategy))
+    return (2, label)
+
+
+def summarize(runs: dict[str, list[dict]], data_column: str | None = None) -> list[dict]:
+    """One row per label; `data_column` names the data of every row (else read off the label)."""
     rows = []
-    for label in sorted(runs, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
+    for label in sorted(runs, key=order):
         group = runs[label]
-        data = trained_on or PROGRAMS.get(label.rsplit("-", 1)[-1], "none")
+        data = data_column or trained_on(label)
         row = {"label": label, "runs": len(group), "data": data,
                "networks": sorted(group[0]["per_network"])}
         for m in METRICS:
