@@ -69,3 +69,22 @@ def test_the_resample_summary_runs_as_a_command_on_its_own_folders(tmp_path):
     assert row["top1"] == pytest.approx(0.3)
     assert "| finetune-random | 10% of the pool | 2 | 0.300 ± 0.141 |" in (out / "s.md").read_text()
     assert (out / "p.png").stat().st_size > 0
+
+
+def test_pool_size_labels_name_their_data_and_sort_by_ratio_training_strategy(tmp_path):
+    """The `pool-summary` stage's labels: STRATEGY-RATIO[-steps|-transfer] and full, each row's data
+    column read off its label, 5% before 10%, scratch before equal steps before transfer, strategies in
+    the study's order, the whole pool last."""
+    summarize = _module()
+    results = tmp_path / "results"
+    results.mkdir()
+    for label in ("full", "random-0.1-transfer", "rdu-0.1-steps", "kmeans-0.1", "rdu-0.1", "random-0.05", "rdu-0.05"):
+        _result(results / f"{label}-s0.json", label, 0.3, 0.2)
+    rows = summarize.summarize(summarize.load_runs(results))
+    assert [(r["label"], r["data"]) for r in rows] == [
+        ("rdu-0.05", "5% (rdu)"), ("random-0.05", "5% (random)"), ("rdu-0.1", "10% (rdu)"),
+        ("kmeans-0.1", "10% (kmeans)"), ("rdu-0.1-steps", "10% (rdu, equal steps)"),
+        ("random-0.1-transfer", "10% (random, tcl transfer)"), ("full", "100%")]
+    # not the study's form: read as the other studies' labels are
+    assert summarize.pool_label("transfer-pool-rdu") is None and summarize.pool_label("rdu-tenth") is None
+    assert summarize.pool_label("rdu-0.1-steps") == ("rdu", 0.1, "steps")

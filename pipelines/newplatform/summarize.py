@@ -62,6 +62,18 @@ def order(label: str) -> tuple:
     return (2, label)
 
 
+def load_runs(results: Path) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(results.glob("*.json")):
+        r = json.loads(path.read_text())
+        runs.setdefault(r["label"], []).append(r)
+    return runs
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
 def summarize(runs: dict[str, list[dict]], data_column: str | None = None) -> list[dict]:
     """One row per label; `data_column` names the data of every row (else read off the label)."""
     rows = []
