@@ -88,3 +88,24 @@ def test_pool_size_labels_name_their_data_and_sort_by_ratio_training_strategy(tm
     # not the study's form: read as the other studies' labels are
     assert summarize.pool_label("transfer-pool-rdu") is None and summarize.pool_label("rdu-tenth") is None
     assert summarize.pool_label("rdu-0.1-steps") == ("rdu", 0.1, "steps")
+
+
+def test_overlap_joins_programs_measured_twice_by_task_and_program():
+    """pipelines/newplatform/overlap.py: only programs both occasions hold count; per task the median
+    latency ratio, the Spearman correlation and whether the fastest program is the same, by hand."""
+    spec = importlib.util.spec_from_file_location("newplatform_overlap", SCRIPT.parent / "overlap.py")
+    overlap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overlap)
+    first = {("a", "p1"): 1.0, ("a", "p2"): 2.0, ("a", "p3"): 3.0, ("a", "p4"): 4.0, ("b", "q1"): 1.0,
+             ("b", "q2"): 2.0, ("b", "q3"): 3.0, ("c", "only-first"): 1.0}
+    second = {("a", "p1"): 1.1, ("a", "p2"): 2.2, ("a", "p3"): 3.3, ("a", "p4"): 4.4,  # 10 % slower, same order
+              ("b", "q1"): 3.0, ("b", "q2"): 2.0, ("b", "q3"): 1.0,  # order reversed
+              ("b", "only-second"): 0.5}
+    result = overlap.compare(first, second)
+    a, b = result["per_task"]
+    assert (a["task"], a["programs"], a["same_fastest"]) == ("a", 4, True)
+    assert a["median_ratio"] == pytest.approx(1.1) and a["spearman"] == pytest.approx(1.0)
+    assert (b["task"], b["programs"], b["same_fastest"]) == ("b", 3, False)
+    assert b["median_ratio"] == pytest.approx(1.0) and b["spearman"] == pytest.approx(-1.0)
+    assert (result["programs"], result["tasks"], result["same_fastest"]) == (7, 2, 1)
+    assert result["mean_spearman"] == pytest.approx(0.0) and result["median_ratio"] == pytest.approx(1.05)
