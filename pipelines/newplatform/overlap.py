@@ -30,18 +30,18 @@ def latencies(path: Path) -> dict[tuple[str, str], float]:
 
 
 def compare(first: dict, second: dict) -> dict:
-    by_task: dict[str, list[tuple[str, float, float]]] = {}
-    for (task, program), lat in first.items():
-        if (task, program) in second:
-            by_task.setdefault(task, []).append((program, lat, second[(task, program)]))
+    """Per task and overall agreement of the programs both occasions measured (the others ignored)."""
+    by_task: dict[str, list[tuple[float, float]]] = {}
+    for key, lat in first.items():
+        if key in second:
+            by_task.setdefault(key[0], []).append((lat, second[key]))
     tasks = []
-    for task, rows in sorted(by_task.items()):
-        a = np.array([r[1] for r in rows])
-        b = np.array([r[2] for r in rows])
-        tasks.append({"task": task, "programs": len(rows), "median_ratio": float(np.median(b / a)),
-                      "spearman": float(spearmanr(a, b).statistic) if len(rows) > 2 else float("nan"),
+    for task, pairs in sorted(by_task.items()):
+        a, b = np.array(pairs).T
+        tasks.append({"task": task, "programs": len(pairs), "median_ratio": float(np.median(b / a)),
+                      "spearman": float(spearmanr(a, b).statistic) if len(pairs) > 2 else float("nan"),
                       "same_fastest": bool(np.argmin(a) == np.argmin(b))})
-    ranked = [t["spearman"] for t in tasks if t["spearman"] == t["spearman"]]
+    ranked = [t["spearman"] for t in tasks if not np.isnan(t["spearman"])]  # tasks of 3 or more
     return {"programs": sum(t["programs"] for t in tasks), "tasks": len(tasks),
             "median_ratio": statistics.median(t["median_ratio"] for t in tasks) if tasks else None,
             "mean_spearman": statistics.fmean(ranked) if ranked else None,
@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the comparison as JSON")
     a = ap.parse_args()
     result = compare(latencies(a.first), latencies(a.second))
+    if not result["tasks"]:
+        raise SystemExit(f"{a.first} and {a.second} share no (task, program): nothing measured twice")
     for t in result["per_task"]:
         print(f"{t['task'][:48]:48} {t['programs']:4d}  ratio {t['median_ratio']:.3f}  "
               f"spearman {t['spearman']:.3f}  same fastest {'yes' if t['same_fastest'] else 'no'}")
