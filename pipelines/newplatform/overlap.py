@@ -17,8 +17,8 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
+from tcl.collect.stats import task_pair
 from tcl.io import atomic_write_json
 from tcl.records.ingest import read_records
 
@@ -30,18 +30,22 @@ def latencies(path: Path) -> dict[tuple[str, str], float]:
 
 
 def compare(first: dict, second: dict) -> dict:
-    """Per task and overall agreement of the programs both occasions measured (the others ignored)."""
-    by_task: dict[str, list[tuple[float, float]]] = {}
-    for key, lat in first.items():
-        if key in second:
-            by_task.setdefault(key[0], []).append((lat, second[key]))
+    """Per task and overall agreement of the programs both occasions measured (the others ignored);
+    each task's figures are tcl.collect.stats.task_pair's (`tcl dataset stats` between platforms)."""
+    by_task: dict[str, tuple[dict, dict]] = {}
+    for (task, program), lat in first.items():
+        if (task, program) in second:
+            a, b = by_task.setdefault(task, ({}, {}))
+            a[program], b[program] = lat, second[(task, program)]
     tasks = []
-    for task, pairs in sorted(by_task.items()):
-        a, b = np.array(pairs).T
-        tasks.append({"task": task, "programs": len(pairs), "median_ratio": float(np.median(b / a)),
-                      "spearman": float(spearmanr(a, b).statistic) if len(pairs) > 2 else float("nan"),
-                      "same_fastest": bool(np.argmin(a) == np.argmin(b))})
-    ranked = [t["spearman"] for t in tasks if not np.isnan(t["spearman"])]  # tasks of 3 or more
+    for task, (a, b) in sorted(by_task.items()):
+        pair = task_pair(a, b)
+        spearman = pair["spearman"]  # None under stats.MIN_COMMON programs
+        tasks.append({"task": task, "programs": pair["common"],
+                      "median_ratio": float(np.median([b[p] / a[p] for p in a])),
+                      "spearman": float("nan") if spearman is None else spearman,
+                      "same_fastest": not pair["best_changes"]})
+    ranked = [t["spearman"] for t in tasks if not np.isnan(t["spearman"])]
     return {"programs": sum(t["programs"] for t in tasks), "tasks": len(tasks),
             "median_ratio": statistics.median(t["median_ratio"] for t in tasks) if tasks else None,
             "mean_spearman": statistics.fmean(ranked) if ranked else None,

@@ -196,7 +196,9 @@ def platform_stats(d: dict) -> dict:
     }
 
 
-def _task_pair(a: dict[str, float], b: dict[str, float]) -> dict | None:
+def task_pair(a: dict[str, float], b: dict[str, float]) -> dict | None:
+    """One task's programs measured twice (two platforms, or two occasions of one): program id ->
+    latency on each; the module docstring's figures over the programs both hold (None: none)."""
     common = sorted(set(a) & set(b))
     if not common:
         return None
@@ -218,7 +220,7 @@ def _task_pair(a: dict[str, float], b: dict[str, float]) -> dict | None:
 def pair_stats(da: dict, db: dict, kinds: dict[str, str]) -> dict:
     per_task = {}
     for t in sorted(set(da["valid"]) & set(db["valid"])):
-        row = _task_pair(da["valid"][t], db["valid"][t])
+        row = task_pair(da["valid"][t], db["valid"][t])
         if row is not None:
             per_task[t] = row
     rows = list(per_task.values())
