@@ -30,6 +30,7 @@ def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
                    "--trials", "4", "--min-repeat-ms", "1", "--json", env={"TMPDIR": str(scratch)})
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["measured"] == 4 and summary["present"] == 0
+    assert summary["runner_restarts"] == 0 and summary["hung_runs"] == 0  # the runner's guard kept still
     assert list(scratch.iterdir()) == []  # each build's directory, and the library the runner linked
     assert (db / "database_workload.json").exists() and (db / "tasks.json").exists()
     settings = json.loads((db / "collect.json").read_text())

@@ -23,13 +23,13 @@ from pathlib import Path
 from ..hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from ..io import atomic_write_json
 from .measure import (
+    GuardedRunner,
     MeasureSettings,
     RpcSettings,
     build_all,
     commit,
     existing_programs,
     make_builder,
-    make_runner,
     open_database,
     remove_artifacts,
     run_all,
@@ -115,7 +115,7 @@ def collect(
         dbs[p.name] = open_database(outs[p.name])
 
     builder = make_builder(settings)
-    runners = {p.name: make_runner(p.threads or 1, settings, rpc) for p in platforms}
+    runners = {p.name: GuardedRunner(p.threads or 1, settings, rpc) for p in platforms}
     groups: dict[str, list[Platform]] = {}
     for p in platforms:
         groups.setdefault(_target_key(p.target), []).append(p)
@@ -164,4 +164,8 @@ def collect(
             for p in platforms:
                 summary[p.name]["short_tasks"][task.name] = len(programs)
     bar.close()
+    for p in platforms:  # what the runner's guard did: 0 and 0 on a healthy run
+        summary[p.name]["runner_restarts"] = runners[p.name].restarts
+        summary[p.name]["hung_runs"] = runners[p.name].hung
+        runners[p.name].close()
     return {name: {**s, "failed": dict(s["failed"])} for name, s in summary.items()}

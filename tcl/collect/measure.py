@@ -19,13 +19,19 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 FAILED_RUN_SECS = 1e10  # how MetaSchedule stores a failed build/run
+# How long past its own timeout a build or run may go without an answer before its worker is
+# taken for hung and killed (a worker enforces the timeout itself, so a stuck one never reports);
+# it also covers a new worker's start (importing TVM: seconds).
+HUNG_GRACE_S = 30.0
 
 
 @dataclass
@@ -264,14 +270,24 @@ def wait_for_quiet_cpu(settings: MeasureSettings, sample_s: float = 0.5) -> floa
 Outcome = tuple  # (run_secs: list[float] | None, error: str | None)
 
 
-def build_all(builder, mods: list, target_json: dict) -> list[tuple[str | None, str | None]]:
-    """Build scheduled IRModules for a target: (artifact_path, error) per module."""
+def build_all(builder, mods: list, target_json: dict,
+              grace_s: float = HUNG_GRACE_S) -> list[tuple[str | None, str | None]]:
+    """Build scheduled IRModules for a target: (artifact_path, error) per module.
+
+    A build worker that has not answered `grace_s` after the builds could all have timed out is
+    killed (with the workers it started) and its builds fail as hung, instead of blocking forever.
+    """
     from tvm.s_tir import meta_schedule as ms
 
     target = _target(target_json)
-    results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
+    waves = -(-len(mods) // max(1, getattr(builder, "max_workers", 1) or 1))
+    deadline_s = waves * float(getattr(builder, "timeout_sec", 60.0)) + grace_s
+    before = _popen_workers()  # the runner's worker(s): not this call's to kill
+    with _Watchdog(deadline_s, lambda: _popen_workers() - before) as watchdog:
+        results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
+    hung = f"hung workers killed {deadline_s:.0f} s into the builds: " if watchdog.fired else ""
     return [
-        (None, "build: " + _error_summary(r.error_msg)) if r.error_msg else (r.artifact_path, None)
+        (None, "build: " + hung + _error_summary(r.error_msg)) if r.error_msg else (r.artifact_path, None)
         for r in results
     ]
 
@@ -299,6 +315,139 @@ def run_all(runner, mods: list, builds: list, target_json: dict) -> list[Outcome
         else:
             results[i] = ([float(s) for s in res.run_secs], None)
     return results
+
+
+class _Watchdog:
+    """Kill the processes `pids()` names each time the `with` block has run another `seconds`
+    (a worker the pool restarts after a kill can hang again)."""
+
+    def __init__(self, seconds: float, pids):
+        self.fired = False
+        self._seconds = seconds
+        self._pids = pids
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._seconds):
+            self.fired = True
+            for pid in self._pids():
+                _kill_tree(pid)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _popen_workers() -> set[int]:
+    """Pids of this process's TVM pool workers (`python -m tvm.exec.popen_worker`)."""
+    import psutil
+
+    found = set()
+    for child in psutil.Process().children(recursive=False):
+        try:
+            if "tvm.exec.popen_worker" in " ".join(child.cmdline()):
+                found.add(child.pid)
+        except psutil.Error:  # exited meanwhile
+            pass
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.Error:
+        return
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)  # SIGKILL also ends a stopped process
+        except psutil.Error:
+            pass
+
+
+@dataclass
+class _Ran:
+    """A finished run, shaped like MetaSchedule's runner future and its result (for `run_all`)."""
+
+    run_secs: list | None
+    error_msg: str | None
+
+    def result(self) -> "_Ran":
+        return self
+
+
+class GuardedRunner:
+    """MetaSchedule's runner for a measurement that runs for hours unattended (`tcl collect`).
+
+    Two ways the local runner stopped a 13,824-program collection (2026-12-06): its worker fell
+    into a state where every run failed (392 in a row; a new runner measured all of them without a
+    failure), and later a run never answered (a worker enforces its timeout itself, so a stuck one
+    blocks the runner forever, at 0 % CPU). So:
+
+    - a local run with no answer `grace_s` past the runner's timeout has its worker killed and
+      fails as hung; MetaSchedule's pool starts a new worker for the next run;
+    - a batch of two or more runs that all failed, none by a timeout, restarts the runner and runs
+      once more; what fails again is a failure of the programs and is kept as one.
+
+    `run` takes and returns what MetaSchedule's `Runner.run` does, so `run_all` serves both.
+    A remote (RPC) runner is used as it is: its session timeout bounds a run there.
+    """
+
+    def __init__(self, threads: int, settings: MeasureSettings, rpc: RpcSettings | None = None,
+                 grace_s: float = HUNG_GRACE_S, make=None):
+        self._make = make or (lambda: make_runner(threads, settings, rpc))
+        self.runner = self._make()
+        self.deadline_s = settings.run_timeout_s + grace_s
+        self.restarts = 0  # runners replaced after a batch that failed whole
+        self.hung = 0  # runs whose worker was killed
+
+    def run(self, inputs: list) -> list[_Ran]:
+        ran = self._run_once(inputs)
+        if len(ran) >= 2 and all(r.error_msg and "Timeout" not in r.error_msg
+                                 and not r.error_msg.startswith("hung") for r in ran):
+            self.restart()
+            ran = self._run_once(inputs)
+        return ran
+
+    def restart(self) -> None:
+        pool = getattr(self.runner, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)  # kills its worker
+        self.runner = self._make()
+        self.restarts += 1
+
+    def _run_once(self, inputs: list) -> list[_Ran]:
+        if getattr(self.runner, "pool", None) is None:  # remote
+            results = [f.result() for f in self.runner.run(inputs)]
+            return [_Ran(r.run_secs, r.error_msg) for r in results]
+        out = []
+        for one in inputs:  # the local runner runs one at a time anyway: a deadline per run
+            with _Watchdog(self.deadline_s, self._worker_pids) as watchdog:
+                res = self.runner.run([one])[0].result()
+            if watchdog.fired:
+                self.hung += 1
+                out.append(_Ran(None, f"hung: no answer {self.deadline_s:.0f} s after the run "
+                                      "started; its worker was killed"))
+            else:
+                out.append(_Ran(res.run_secs, res.error_msg))
+        return out
+
+    def _worker_pids(self) -> list[int]:
+        # TVM's pool keeps one PopenWorker per thread (pinned TVM: PopenPoolExecutor._worker_map)
+        workers = getattr(self.runner.pool, "_worker_map", {}).values()
+        return [w._proc.pid for w in workers if getattr(w, "_proc", None) is not None]
+
+    def close(self) -> None:
+        pool = getattr(self.runner, "pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 def remove_artifacts(builds: list) -> None:

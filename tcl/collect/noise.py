@@ -29,10 +29,10 @@ from ..hardware import get_platform, host_mismatch, local_cpu_model
 from ..records import check_latencies, steps_id, steps_json
 from ..records.metaschedule import trace_to_steps
 from .measure import (
+    GuardedRunner,
     MeasureSettings,
     build_all,
     make_builder,
-    make_runner,
     remove_artifacts,
     run_all,
     use_x86_intrinsics_only,
@@ -218,7 +218,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
     monitor = _LoadMonitor()
     started = time.time()
     builder = make_builder(settings)
-    runner = make_runner(threads, settings)
+    runner = GuardedRunner(threads, settings)
     os.environ["TVM_NUM_THREADS"] = str(threads)
     outcomes = []
     bar = tqdm(total=len(chosen), disable=not progress, unit="prog", desc=f"noise {platform}")
@@ -229,6 +229,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
         remove_artifacts(builds)
         bar.update(len(chunk))
     bar.close()
+    runner.close()
     wall = time.time() - started
     others = monitor.other_cores(wall)
     load_after = os.getloadavg()

@@ -33,13 +33,13 @@ import numpy as np
 from tcl.collect.collector import CHUNK, record_settings, record_task
 from tcl.collect.measure import (
     FAILED_RUN_SECS,
+    GuardedRunner,
     MeasureSettings,
     RpcSettings,
     build_all,
     commit,
     existing_latencies,
     make_builder,
-    make_runner,
     open_database,
     remove_artifacts,
     run_all,
@@ -194,7 +194,7 @@ class ActiveCollection:
         self.save_state(pending=todo)
         if self.builder is None:
             self.builder = make_builder(self.settings)
-            self.runner = make_runner(self.platform.threads or 1, self.settings, self.rpc)
+            self.runner = GuardedRunner(self.platform.threads or 1, self.settings, self.rpc)
         # a round spreads over many tasks, a few programs each: build and run them together (each
         # build call starts its own worker pool, seconds that would otherwise be paid per task)
         for a in range(0, len(todo), CHUNK):
@@ -286,9 +286,13 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
         run.save_state(pending=[])
     run.save_state(pending=[])
     run.bar.close()
+    guard = {"runner_restarts": 0, "hung_runs": 0}  # what the runner's guard did
+    if run.runner is not None:
+        guard = {"runner_restarts": run.runner.restarts, "hung_runs": run.runner.hung}
+        run.runner.close()
     return {"platform": platform.name, "tasks": len(tasks), "strategy": active.strategy,
             "pool": pool_n, "dropped": run.cand.dropped, "short_tasks": run.cand.short_tasks,
             "budget": active.budget,
             "measured": run.measured_now, "present": present, "failed": dict(run.failed),
             "rounds": rounds_now, "sampler_seconds": round(sampler_s, 3),
-            "waited_for_quiet_cpu_s": run.waited_s, "settings": asdict(active)}
+            "waited_for_quiet_cpu_s": run.waited_s, **guard, "settings": asdict(active)}
