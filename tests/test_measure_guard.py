@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from tcl.collect.measure import (GuardedRunner, MeasureSettings, build_all, make_builder, remove_artifacts,
-                                 run_all, sample_programs)
+from tcl.collect.measure import (GuardedRunner, MeasureSettings, build_all, for_metaschedule, make_builder,
+                                 remove_artifacts, run_all, sample_programs)
 from tcl.collect.workloads import SMALL_WORKLOADS, build_workload
 from tcl.hardware import get_platform
 
@@ -115,3 +115,39 @@ def test_a_build_that_never_answers_is_killed(built):
     builds = build_all(builder, mods[:1], target, grace_s=10.0)
     assert time.time() - started < 60
     assert builds[0][0] is None and builds[0][1].startswith("build: hung workers killed 12 s into the builds")
+
+
+def test_metaschedule_s_builder_and_runner_interfaces_go_through_the_guard(built, tmp_path):
+    """What `tcl tune` hands `ms.tune_tasks`: a build, then a run that never answers and one that does."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    target, mods, _ = built
+    flag = str(tmp_path / "stopped-once")
+
+    def stop_the_first_time(rt_mod, device, evaluator_config, repeated_args):
+        import os
+        import signal
+
+        from tvm.s_tir.meta_schedule.runner.local_runner import default_run_evaluator
+
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return default_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
+
+    guard = GuardedRunner(1, MeasureSettings(run_timeout_s=2.0), grace_s=10.0,
+                          make=lambda: _local_runner(stop_the_first_time))
+    ms_builder, ms_runner = for_metaschedule(make_builder(MeasureSettings()), guard)
+    tvm_target = Target(dict(target))
+    built_now = ms_builder.build([ms.builder.BuilderInput(m, tvm_target) for m in mods[:2]])
+    assert all(b.error_msg is None and b.artifact_path for b in built_now)
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device_type="cpu",
+                                    args_info=ms.arg_info.ArgInfo.from_entry_func(m, remove_preproc=True))
+              for b, m in zip(built_now, mods)]
+    first, second = [f.result() for f in ms_runner.run(inputs)]
+    assert first.run_secs is None and str(first.error_msg).startswith("hung: no answer 12 s")
+    assert second.error_msg is None and 0 < float(second.run_secs[0]) < 1
+    assert guard.hung == 1
+    guard.close()
+    remove_artifacts([(b.artifact_path, None) for b in built_now])

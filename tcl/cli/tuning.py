@@ -144,8 +144,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
         for i, row in enumerate(result["tasks"]):
             if row["best_latency_s"] is not None:
                 mlflow.log_metric("best_latency_s", row["best_latency_s"], step=i)
-        metrics = {k: result[k] for k in ("weighted_latency_s", "seconds", "predict_calls",
-                                          "candidates_scored", "predict_seconds") if result[k] is not None}
+        metrics = {k: result[k] for k in ("weighted_latency_s", "seconds", "predict_calls", "candidates_scored",
+                                          "predict_seconds", "runner_restarts", "hung_runs") if result[k] is not None}
         mlflow.log_metrics(metrics)
         mlflow.log_dict(json_safe({"curves": result["curves"], "stats": result["stats"]}), "tune_curves.json")
         run_id = run.info.run_id

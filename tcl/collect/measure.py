@@ -272,24 +272,30 @@ Outcome = tuple  # (run_secs: list[float] | None, error: str | None)
 
 def build_all(builder, mods: list, target_json: dict,
               grace_s: float = HUNG_GRACE_S) -> list[tuple[str | None, str | None]]:
-    """Build scheduled IRModules for a target: (artifact_path, error) per module.
-
-    A build worker that has not answered `grace_s` after the builds could all have timed out is
-    killed (with the workers it started) and its builds fail as hung, instead of blocking forever.
-    """
+    """Build scheduled IRModules for a target: (artifact_path, error) per module (guarded as
+    `guarded_build` says)."""
     from tvm.s_tir import meta_schedule as ms
 
     target = _target(target_json)
-    waves = -(-len(mods) // max(1, getattr(builder, "max_workers", 1) or 1))
-    deadline_s = waves * float(getattr(builder, "timeout_sec", 60.0)) + grace_s
-    before = _popen_workers()  # the runner's worker(s): not this call's to kill
-    with _Watchdog(deadline_s, lambda: _popen_workers() - before) as watchdog:
-        results = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
-    hung = f"hung workers killed {deadline_s:.0f} s into the builds: " if watchdog.fired else ""
+    results, killed_at = guarded_build(builder, [ms.builder.BuilderInput(m, target) for m in mods], grace_s)
+    hung = f"hung workers killed {killed_at:.0f} s into the builds: " if killed_at else ""
     return [
         (None, "build: " + hung + _error_summary(r.error_msg)) if r.error_msg else (r.artifact_path, None)
         for r in results
     ]
+
+
+def guarded_build(builder, inputs: list, grace_s: float = HUNG_GRACE_S) -> tuple[list, float | None]:
+    """`builder.build(inputs)`, with its workers killed (and those they started) if it has not
+    answered `grace_s` after every build could have timed out: the builds of a killed worker fail
+    instead of blocking forever. Returns the results and the seconds at which workers were killed
+    (None: none was)."""
+    waves = -(-len(inputs) // max(1, getattr(builder, "max_workers", 1) or 1))
+    deadline_s = waves * float(getattr(builder, "timeout_sec", 60.0)) + grace_s
+    before = _popen_workers()  # the runner's worker(s): not this call's to kill
+    with _Watchdog(deadline_s, lambda: _popen_workers() - before) as watchdog:
+        results = builder.build(inputs)
+    return results, (deadline_s if watchdog.fired else None)
 
 
 def run_all(runner, mods: list, builds: list, target_json: dict) -> list[Outcome]:
@@ -448,6 +454,29 @@ class GuardedRunner:
         pool = getattr(self.runner, "pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+def for_metaschedule(builder, runner: GuardedRunner):
+    """`builder` (guarded as `guarded_build` says) and `runner` as MetaSchedule's own builder and
+    runner interfaces, for a search that measures as it goes (`ms.tune_tasks`)."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import PyBuilder
+    from tvm.s_tir.meta_schedule.runner import PyRunner
+    from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
+
+    @derived_object
+    class _GuardedBuilder(PyBuilder):
+        def build(self, build_inputs):
+            return guarded_build(builder, list(build_inputs))[0]
+
+    @derived_object
+    class _GuardedRunner(PyRunner):
+        def run(self, runner_inputs):
+            return [LocalRunnerFuture(res=None if r.run_secs is None else [float(s) for s in r.run_secs],
+                                      error_message=r.error_msg)
+                    for r in runner.run(list(runner_inputs))]
+
+    return _GuardedBuilder(), _GuardedRunner()
 
 
 def remove_artifacts(builds: list) -> None:

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tcl.collect.measure import (FAILED_RUN_SECS, MeasureSettings, RpcSettings, make_builder, make_runner,
-                                 open_database, use_x86_intrinsics_only)
+from tcl.collect.measure import (FAILED_RUN_SECS, GuardedRunner, MeasureSettings, RpcSettings, for_metaschedule,
+                                 make_builder, open_database, use_x86_intrinsics_only)
 from tcl.hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from tcl.io import atomic_write_json
 from tcl.tuner.explore import explore_for
@@ -142,7 +142,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         warnings += [note] if note else []
     cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune,
                                 fine_tune_settings=fine_tune_settings, explore=explore)
-    runner = make_runner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
+    runner = GuardedRunner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
     database = open_database(out)
     _write_tasks_json(out, tasks)
@@ -166,18 +166,19 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     curves = [Curve() for _ in tasks]
     start = time.perf_counter()
     follow, bar = _progress_callback([t.name for t in tasks], curves, trials, start, progress)
+    ms_builder, ms_runner = for_metaschedule(builder, runner)  # hung workers killed, a gone-bad runner replaced
     try:
         with tempfile.TemporaryDirectory(prefix="tcl-tune-") as work_dir:
             ms.tune_tasks(
                 tasks=contexts, task_weights=[t.weight for t in tasks], work_dir=work_dir,
                 max_trials_global=trials, max_trials_per_task=trials,
-                num_trials_per_iter=per_iter, builder=builder, runner=runner,
+                num_trials_per_iter=per_iter, builder=ms_builder, runner=ms_runner,
                 database=database, cost_model=cm,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), follow],
                 task_scheduler="gradient")
     finally:
         bar.close()
-        _shutdown(builder, runner)
+        _shutdown(builder, runner.runner)
     seconds = time.perf_counter() - start
     rows = []
     for t, c in zip(tasks, curves):
@@ -195,7 +196,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "predict_calls": s.get("predict_calls"), "candidates_scored": s.get("candidates_scored"),
         "predict_seconds": s.get("predict_seconds"),
         "curves": {t.name: vars(c) for t, c in zip(tasks, curves)}, "stats": s, "model": model,
-        "warnings": warnings,
+        "warnings": warnings, "runner_restarts": runner.restarts, "hung_runs": runner.hung,
     }
 
 
