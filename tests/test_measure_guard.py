@@ -39,16 +39,12 @@ def _local_runner(f_run_evaluator, timeout_s=2.0):
                                  evaluator_config=ms.runner.EvaluatorConfig(number=1, repeat=1))
 
 
-def _workers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if "tvm.exec.popen_worker" in " ".join(p.cmdline())]
+def _stops_the_first_time(flag):
+    """A run evaluator whose first run (across workers: `flag` is a file) stops its worker
+    (SIGSTOP: not even the worker's own timeout can report), and whose later runs measure."""
+    flag = str(flag)
 
-
-def test_a_run_that_never_answers_is_killed_and_the_next_one_runs(built, tmp_path):
-    target, mods, builds = built
-    flag = str(tmp_path / "stopped-once")
-
-    def stop_the_first_time(rt_mod, device, evaluator_config, repeated_args):
+    def evaluate(rt_mod, device, evaluator_config, repeated_args):
         import os
         import signal
 
@@ -56,11 +52,22 @@ def test_a_run_that_never_answers_is_killed_and_the_next_one_runs(built, tmp_pat
 
         if not os.path.exists(flag):
             open(flag, "w").close()
-            os.kill(os.getpid(), signal.SIGSTOP)  # stopped: not even its own timeout can report
+            os.kill(os.getpid(), signal.SIGSTOP)
         return default_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
 
+    return evaluate
+
+
+def _workers() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if "tvm.exec.popen_worker" in " ".join(p.cmdline())]
+
+
+def test_a_run_that_never_answers_is_killed_and_the_next_one_runs(built, tmp_path):
+    target, mods, builds = built
+
     guard = GuardedRunner(1, MeasureSettings(run_timeout_s=2.0), grace_s=10.0,
-                          make=lambda: _local_runner(stop_the_first_time))
+                          make=lambda: _local_runner(_stops_the_first_time(tmp_path / "stopped-once")))
     started = time.time()
     outcomes = run_all(guard, mods, builds, target)
     assert time.time() - started < 60
@@ -123,21 +130,9 @@ def test_metaschedule_s_builder_and_runner_interfaces_go_through_the_guard(built
     from tvm.target import Target
 
     target, mods, _ = built
-    flag = str(tmp_path / "stopped-once")
-
-    def stop_the_first_time(rt_mod, device, evaluator_config, repeated_args):
-        import os
-        import signal
-
-        from tvm.s_tir.meta_schedule.runner.local_runner import default_run_evaluator
-
-        if not os.path.exists(flag):
-            open(flag, "w").close()
-            os.kill(os.getpid(), signal.SIGSTOP)
-        return default_run_evaluator(rt_mod, device, evaluator_config, repeated_args)
 
     guard = GuardedRunner(1, MeasureSettings(run_timeout_s=2.0), grace_s=10.0,
-                          make=lambda: _local_runner(stop_the_first_time))
+                          make=lambda: _local_runner(_stops_the_first_time(tmp_path / "stopped-once")))
     ms_builder, ms_runner = for_metaschedule(make_builder(MeasureSettings()), guard)
     tvm_target = Target(dict(target))
     built_now = ms_builder.build([ms.builder.BuilderInput(m, tvm_target) for m in mods[:2]])
