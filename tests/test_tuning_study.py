@@ -33,7 +33,7 @@ def test_pool_runs_pools_occasions_and_counts_trials_to_the_baseline_latency(tmp
                           capture_output=True, text=True, cwd=ROOT, check=True)
     rows = [line for line in out.read_text().splitlines() if line.startswith("| dense |")]
     assert rows == ["| dense | tcl | xgb | 2 / 2 | 2000.0 / 2000.0 | 2.00x | 1.000 |"], proc.stdout
-    assert "| tcl | xgb | 1 | 1 | 2.00x | 1.000 |" in out.read_text()
+    assert "| tcl | xgb | 1 | 1 | 2.00x | 2.00x | 1.000 |" in out.read_text()
 
 
 def test_a_metrics_report_pools_as_its_seeds_runs_and_models_filter(tmp_path):
@@ -90,6 +90,8 @@ def test_bootstrap_intervals_count_a_task_not_reached_at_its_upper_bound(tmp_pat
     assert "| tcl | xgb | conv | 1 / 1 | 0.75x | 0.75x | 0.75x - 0.75x | 0% |" in text
     assert "| tcl | xgb | dense | 1 / 1 | 2.00x | 2.00x | 2.00x - 2.00x | 0% |" in text
     assert "| tcl | xgb | all 2 (geometric mean) |  | 1.22x | 1.22x | 1.22x - 1.22x | 0% |" in text
+    # the summary row says the same over all tasks without the bootstrap: sqrt(2 x 0.75)
+    assert "| tcl | xgb | 2 | 1 | 2.00x | 1.22x | 0.775 |" in text
 
     report_dir = tmp_path / "metrics"
     report_dir.mkdir()
