@@ -390,7 +390,7 @@ class _Ran:
 
 
 class GuardedRunner:
-    """MetaSchedule's runner for a measurement that runs for hours unattended (`tcl collect`).
+    """MetaSchedule's runner for measurements that run for hours unattended (`tcl collect`, `tcl tune`).
 
     Two ways the local runner stopped a 13,824-program collection (2026-12-06): its worker fell
     into a state where every run failed (392 in a row; a new runner measured all of them without a
@@ -437,7 +437,7 @@ class GuardedRunner:
         for one in inputs:  # the local runner runs one at a time anyway: a deadline per run
             with _Watchdog(self.deadline_s, self._worker_pids) as watchdog:
                 res = self.runner.run([one])[0].result()
-            if watchdog.fired:
+            if watchdog.fired and res.error_msg:  # (an answer that came as it fired stands)
                 self.hung += 1
                 out.append(_Ran(None, f"hung: no answer {self.deadline_s:.0f} s after the run "
                                       "started; its worker was killed"))
