@@ -333,6 +333,8 @@ def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
         assert curve["best_latency_s"][1] <= curve["best_latency_s"][0]  # a best-so-far curve
         (task,) = report["runs"][f"{name}/seed0"]["tasks"]
         assert task["best_latency_s"] == pytest.approx(curve["best_latency_s"][-1])
+        assert report["runs"][f"{name}/seed0"]["hung_runs"] == 0  # what the measuring guard did
+        assert report["runs"][f"{name}/seed0"]["runner_restarts"] == 0
     r = report["ratios"]["random"]
     assert r["latency_ratio_at_equal_trials"] == pytest.approx(
         report["curves"]["random"]["best_latency_s"][-1] / report["curves"]["tcl"]["best_latency_s"][-1])

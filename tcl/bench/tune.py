@@ -106,7 +106,8 @@ def bench_tune(platform_name: str, workload: str = DEFAULT_WORKLOAD, trials: int
         result = tune(platform, [task], trials, kind, Path(out_dir) / f"{name}-seed{seed}", model=ref,
                       seed=seed, settings=settings, progress=progress, trials_per_iter=trials_per_iter,
                       fine_tune=name == "tcl-ft" or (fine_tune and name == "tcl"))
-        runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats")}
+        runs[f"{name}/seed{seed}"] = {k: result[k] for k in ("tasks", "seconds", "stats", "runner_restarts",
+                                                              "hung_runs")}
         warnings += [w for w in result["warnings"] if w not in warnings]
         curves[name].append(result["curves"][workload])
     per_model = {name: mean_curve(c) for name, c in curves.items()}
