@@ -70,6 +70,7 @@ def test_only_the_chosen_budget_is_measured_and_a_larger_budget_resumes(tmp_path
     db = tmp_path / "db"
     summary = _summary(run_tcl(*_args(db, 4)))
     assert (summary["measured"], summary["present"], summary["pool"]) == (4, 0, 32)
+    assert (summary["runner_restarts"], summary["hung_runs"]) == (0, 0)  # the measuring guard kept still
     assert [r["selected"] for r in summary["rounds"]] == [2, 2]
     measured = _db_programs(db)
     # exactly the budget, exactly the programs the sampler chose, all from the candidate pool a
