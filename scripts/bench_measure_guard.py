@@ -18,7 +18,7 @@ import time
 
 from tcl.collect.measure import (GuardedRunner, MeasureSettings, build_all, make_builder, make_runner,
                                  remove_artifacts, run_all, sample_programs)
-from tcl.collect.workloads import SMALL_WORKLOADS, build_workload, resolve_workload
+from tcl.collect.workloads import build_workload, resolve_workload
 from tcl.hardware import get_platform
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
 
     platform = get_platform(args.platform)
-    op = SMALL_WORKLOADS.get(args.workload) or resolve_workload(args.workload)
+    op = resolve_workload(args.workload)  # the small test workloads too
     settings = MeasureSettings()
     mods = [s.mod for s, _, _ in sample_programs(build_workload(op), platform.target, args.programs, seed=0)]
     builds = build_all(make_builder(settings), mods, platform.target)

@@ -364,18 +364,14 @@ def _popen_workers() -> set[int]:
 
 
 def _kill_tree(pid: int) -> None:
-    import psutil
+    """SIGKILL a worker and the processes it started (SIGKILL also ends a stopped process)."""
+    from tvm.support.popen_pool import kill_child_processes
 
+    kill_child_processes(pid)
     try:
-        parent = psutil.Process(pid)
-        procs = parent.children(recursive=True) + [parent]
-    except psutil.Error:
-        return
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGKILL)  # SIGKILL also ends a stopped process
-        except psutil.Error:
-            pass
+        os.kill(pid, signal.SIGKILL)
+    except OSError:  # exited meanwhile
+        pass
 
 
 @dataclass
@@ -423,9 +419,7 @@ class GuardedRunner:
         return ran
 
     def restart(self) -> None:
-        pool = getattr(self.runner, "pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False)  # kills its worker
+        self.close()
         self.runner = self._make()
         self.restarts += 1
 
@@ -453,7 +447,7 @@ class GuardedRunner:
     def close(self) -> None:
         pool = getattr(self.runner, "pool", None)
         if pool is not None:
-            pool.shutdown(wait=False)
+            pool.shutdown(wait=False)  # kills its worker
 
 
 def for_metaschedule(builder, runner: GuardedRunner):
