@@ -136,7 +136,7 @@ def test_programs_with_nonfinite_features_are_skipped_and_named(data, tmp_path, 
     assert (tmp_path / "o" / "model.pt").is_file()
     res = tcl("evaluate", "--model", tmp_path / "o", "--data", bad, "--json")
     assert res.exit_code == 0 and json.loads(res.output.splitlines()[-1])["n_programs"] == len(fs) - 2
-    assert tcl("export", tmp_path / "o" / "model.pt", "--family", "x86-sse", "--out", tmp_path / "kb.onnx").exit_code == 0
+    assert tcl("export", tmp_path / "o", "--family", "x86-sse", "--out", tmp_path / "kb.onnx").exit_code == 0
     res = tcl("predict", bad, "--model", tmp_path / "kb.onnx", "--json")
     assert res.exit_code == 0, res.output
     assert f"{bad}: 2 of {len(fs)} programs have features that are not finite" in res.output

@@ -42,6 +42,16 @@ def _read_json(path: str) -> dict:
         raise click.BadParameter(f"cannot read JSON {path}: {exc}") from None
 
 
+def _checkpoint_file(checkpoint: str) -> str:
+    """CHECKPOINT as a file: a training directory's model file (as `tcl evaluate --model` reads)."""
+    from tcl.models import resolve_model_path
+
+    try:
+        return str(resolve_model_path(checkpoint))
+    except FileNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="CHECKPOINT") from None
+
+
 def _run_id_near(checkpoint: str) -> str | None:
     """run_id from `mlflow_run.json` beside the checkpoint (what `tcl train` writes)."""
     f = Path(checkpoint).resolve().parent / RUN_FILE
@@ -54,7 +64,7 @@ def _run_id_near(checkpoint: str) -> str | None:
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False))
+@click.argument("checkpoint", type=click.Path(exists=True))
 @click.option("--family", required=True, help="hardware family the model serves")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
               help="ONNX file to write")
@@ -63,11 +73,13 @@ def _run_id_near(checkpoint: str) -> str | None:
 @click.option("--opset", type=int, default=None, help="ONNX opset (default: params export.opset)")
 @_registry_errors
 def export(checkpoint, family, out, source_run, opset):
-    """Export CHECKPOINT to ONNX (dynamic batch/length, TCL metadata), checked against PyTorch."""
+    """Export CHECKPOINT (a model.pt or its training directory) to ONNX (dynamic batch/length, TCL
+    metadata), checked against PyTorch."""
     from tcl.export import ExportError, export_onnx, read_metadata
     from tcl.registry import model_name
 
     model_name(family)  # validates the name
+    checkpoint = _checkpoint_file(checkpoint)
     try:
         path = export_onnx(checkpoint, out, family,
                            source_run=source_run or _run_id_near(checkpoint), opset=opset)
@@ -79,7 +91,7 @@ def export(checkpoint, family, out, source_run, opset):
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False))
+@click.argument("checkpoint", type=click.Path(exists=True))
 @click.option("--family", required=True)
 @click.option("--platforms", required=True, help="comma-joined platforms the KB learned, in order")
 @click.option("--eval-metrics", "eval_metrics", required=True,
@@ -102,13 +114,15 @@ def export(checkpoint, family, out, source_run, opset):
 @_registry_errors
 def register(checkpoint, family, platforms, eval_metrics, onnx_path, run_id, data, data_hash,
              eval_data, eval_data_hash, out, as_json):
-    """Register CHECKPOINT as a new version of tcl-kb-FAMILY (alias `candidate`).
+    """Register CHECKPOINT (a model.pt or its training directory) as a new version of
+    tcl-kb-FAMILY (alias `candidate`).
 
     Re-registering the same checkpoint returns the existing version. The data hashes default to
     `data_hash` / `eval_data_hash` keys of the metrics JSON when not given.
     """
     from tcl import registry, tracking
 
+    checkpoint = _checkpoint_file(checkpoint)
     metrics = _read_json(eval_metrics)
     if data:
         data_hash = ",".join(tracking.data_hash(p) for p in data)
