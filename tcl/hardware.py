@@ -123,6 +123,15 @@ def check_target(target, where: str = "target") -> dict:
     return target
 
 
+def with_num_cores(target: dict, threads: int | None) -> dict:
+    """A CPU (llvm) target with its ``num-cores``: MetaSchedule refuses to tune or sample for one
+    without it. A target that lacks it is built for the threads it is measured with (else 1, the
+    threads it is then measured with)."""
+    if target.get("kind") != "llvm" or "num-cores" in target:
+        return target
+    return {**target, "num-cores": threads or 1}
+
+
 def _check_name(name, what: str, where: str) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise HardwareRegistryError(f"{where}: invalid {what} name {name!r} "
@@ -169,6 +178,7 @@ def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Famil
             raise HardwareRegistryError(f"{at}: unknown family {p.get('family')!r} "
                                         f"(known: {', '.join(sorted(families))})")
         target = p.get("target")
+        threads = _positive_int(p.get("threads"), "threads", at)
         out[name] = Platform(
             name=name,
             family=fam.name,
@@ -179,8 +189,8 @@ def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Famil
             cores=_positive_int(p.get("cores"), "cores", at),
             compute_capability=p.get("compute_capability"),
             source=str(p.get("source", "")),
-            target=None if target is None else check_target(target, f"{at}: target"),
-            threads=_positive_int(p.get("threads"), "threads", at),
+            target=None if target is None else with_num_cores(check_target(target, f"{at}: target"), threads),
+            threads=threads,
             restricted=str(p.get("restricted", "")),
             host_cpu=str(p.get("host_cpu", "")),
             defined_in=defined_in,
@@ -304,6 +314,7 @@ def add_platform(name: str, family: str, target: dict | str | None = None, threa
         entry["target"] = check_target(target, "--target")
         if threads is None and "num-cores" in entry["target"]:
             threads = entry["target"]["num-cores"]  # measure with the threads the programs are built for
+        entry["target"] = with_num_cores(entry["target"], _positive_int(threads, "threads", f"platform {name!r}"))
     for key, value in (("threads", threads), ("cores", cores)):
         if value is not None:
             entry[key] = _positive_int(value, key, f"platform {name!r}")

@@ -70,6 +70,27 @@ def test_a_platform_measures_with_its_targets_cores_unless_told(user_registry):
     assert (four.threads, told.threads, bare.threads) == (4, 2, None)  # None: measured on 1 thread
 
 
+def test_a_cpu_target_without_num_cores_is_built_for_its_threads(user_registry, tmp_path):
+    """MetaSchedule refuses a CPU target without num-cores (it used to stop `tcl collect` with a
+    traceback): `add` and a hand-written entry alike get the platform's threads (else 1)."""
+    hardware.add_family("my-fam", vendor="Me", architecture="Zen 4 at 1 GHz", isa="x86-64 AVX2")
+    two = hardware.add_platform("two", "my-fam", target={"kind": "llvm", "mcpu": "haswell"}, threads=2)
+    bare = hardware.add_platform("bare", "my-fam", target={"kind": "llvm"})
+    assert two.target == {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+    assert bare.target == {"kind": "llvm", "num-cores": 1} and bare.threads is None
+    raw = json.loads(user_registry.read_text())
+    raw["platforms"]["by-hand"] = {"family": "my-fam", "target": {"kind": "llvm"}, "threads": 3}
+    user_registry.write_text(json.dumps(raw))
+    assert hardware.get_platform("by-hand").target == {"kind": "llvm", "num-cores": 3}
+    assert hardware.with_num_cores({"kind": "cuda", "arch": "sm_80"}, 2) == {"kind": "cuda", "arch": "sm_80"}
+
+    run_tcl("hardware", "add", "cli", "--family", "my-fam", "--target", '{"kind": "llvm"}')
+    out = tmp_path / "db"
+    run_tcl("collect", "--platform", "cli", "--out", out, "--workload", "dense_64", "--trials", "2")
+    assert json.loads((out / "collect.json").read_text())["target"] == {"kind": "llvm", "num-cores": 1}
+    assert len((out / "database_tuning_record.json").read_text().splitlines()) == 2
+
+
 @pytest.mark.parametrize("args,message", [
     (["add", "x1", "--family", "no-such-family"], "unknown family 'no-such-family'"),
     (["add", "x1", "--family", "x86-sse", "--target", '{"kind": "llvm"'], "--target: not valid JSON"),
