@@ -704,3 +704,8 @@ def test_transfer_refuses_an_unknown_family_and_a_file_that_is_not_features(tmp_
                                "--out", str(tmp_path / "o"), "--no-track"])
     assert res.exit_code == 1 and f"{bad}: not a TCL checkpoint" in res.output and res.exception is not None
     assert not (tmp_path / "o").exists()
+    # --register with nothing held out is refused before any training (it used to fail after it)
+    res = runner.invoke(main, ["transfer", "--family", "x86-sse", "--target-data", str(bad), "--from", str(bad),
+                               "--out", str(tmp_path / "o"), "--register"])
+    assert res.exit_code == 2 and "--register needs held-out metrics" in res.output
+    assert not (tmp_path / "o").exists()

@@ -55,6 +55,9 @@ def transfer(family, target_data, target_valid, target_test, target_pool, start,
 
     if do_register and no_track:
         raise click.UsageError("--register needs the MLflow run (drop --no-track)")
+    if do_register and target_valid is None and target_test is None:  # now, not after the training
+        raise click.UsageError("--register needs held-out metrics for the registry: give --target-valid "
+                               "or --target-test")
     from tcl.hardware import load_registry
 
     families = load_registry().families
