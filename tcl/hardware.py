@@ -314,7 +314,6 @@ def add_platform(name: str, family: str, target: dict | str | None = None, threa
         entry["target"] = check_target(target, "--target")
         if threads is None and "num-cores" in entry["target"]:
             threads = entry["target"]["num-cores"]  # measure with the threads the programs are built for
-        entry["target"] = with_num_cores(entry["target"], _positive_int(threads, "threads", f"platform {name!r}"))
     for key, value in (("threads", threads), ("cores", cores)):
         if value is not None:
             entry[key] = _positive_int(value, key, f"platform {name!r}")
