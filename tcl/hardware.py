@@ -255,8 +255,9 @@ def get_platform(name: str) -> Platform:
         ) from None
 
 
-def require_measurable(platform: Platform) -> None:
-    """ValueError, saying how to fix it, unless `platform` has a TVM target to measure with."""
+def require_measurable(platform: Platform, here: bool = False) -> None:
+    """ValueError, saying how to fix it, unless `platform` has a TVM target to measure with and,
+    measured `here` (on this host, not over RPC), this host's CPU can run the code it builds."""
     if not platform.measurable:
         edit = ("" if platform.defined_in == PACKAGED else
                 f"add a \"target\" (e.g. {TARGET_EXAMPLE}) to its entry in {platform.defined_in}, or ")
@@ -264,6 +265,93 @@ def require_measurable(platform: Platform) -> None:
             f"platform {platform.name!r} has no TVM target in the hardware registry: {edit}register "
             f"it under a new name with `tcl hardware add NAME --family {platform.family} "
             f"--target '{TARGET_EXAMPLE}'`")
+    if here:
+        require_runnable_here(platform.name, platform.target)
+
+
+def require_runnable_here(name: str, target: dict) -> None:
+    """ValueError, saying what to do instead, when this host's CPU lacks a baseline ISA extension
+    (SSE to AVX-512's first generation) that code built for platform `name`'s `target` uses."""
+    missing = [f for f in missing_isa(target) if _BASELINE_ISA.match(f)]
+    if missing:
+        raise ValueError(
+            f"platform {name!r} builds code for {_describe_target(target)}, which uses "
+            f"{', '.join(missing)}; this host's CPU ({local_cpu_model()}) lacks "
+            f"{'it' if len(missing) == 1 else 'them'}, so the programs measured here would die on their "
+            f"first such instruction: measure over --rpc-tracker on the platform's hardware, or "
+            f"`tcl hardware add` a platform for this CPU (e.g. --target '{{\"kind\": \"llvm\", \"mcpu\": "
+            f"\"{_host_llvm_cpu()}\"}}')")
+
+
+def isa_warning(platform: Platform) -> str | None:
+    """What measuring `platform` here risks when this host lacks some of its target's later ISA
+    extensions (e.g. avx512bf16 on an AVX-512 CPU without it; `require_measurable` refuses the
+    baseline ones): a program that uses one dies, recorded as a failed run. None when nothing lacks."""
+    if not platform.measurable:
+        return None
+    missing = missing_isa(platform.target)
+    if not missing or any(_BASELINE_ISA.match(f) for f in missing):  # none, or refused anyway
+        return None
+    return (f"platform {platform.name!r} builds code for {_describe_target(platform.target)}, which may use "
+            f"{', '.join(missing)}; this host's CPU ({local_cpu_model()}) lacks "
+            f"{'it' if len(missing) == 1 else 'them'}: a program that uses one fails its run here")
+
+
+# The x86 ISA extensions a target's generated code may use, by LLVM's feature names; the rest of
+# LLVM's feature set is tuning hints (fast-*, slow-*, prefer-*) that no CPU reports.
+_X86_ISA = re.compile(r"^(sse[234]?(\.[12])?|ssse3|sse4a|avx(2|512[a-z0-9]+|vnni)?|fma4?|f16c|amx-[a-z0-9]+)$")
+# Those that ordinary vectorized float code is built from (up to AVX-512's first generation): a
+# host without one cannot run the target's programs at all. The later ones (bf16, vnni, ifma,
+# vbmi, fp16, amx, ...) appear only in code that asks for them, so their lack is a warning.
+_BASELINE_ISA = re.compile(r"^(sse[234]?(\.[12])?|ssse3|avx2?|fma|f16c|avx512(f|bw|cd|dq|vl))$")
+# LLVM's name -> /proc/cpuinfo's, where they differ (avx512 extensions are handled in _host_has)
+_CPUINFO_NAME = {"sse3": "pni", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "avxvnni": "avx_vnni"}
+
+
+def missing_isa(target: dict, host_flags: set[str] | None = None) -> list[str]:
+    """The x86 ISA extensions (LLVM's names) that code built for the llvm `target` may use and this
+    host's CPU does not report (`host_flags`: /proc/cpuinfo's ``flags``, read when None). Empty for
+    a non-CPU target, a target of another architecture, and a host whose flags cannot be read."""
+    if target.get("kind") != "llvm":
+        return []
+    flags = _host_cpu_flags() if host_flags is None else host_flags
+    if not flags:
+        return []
+    from tvm.target import Target
+    from tvm.target.codegen import llvm_get_cpu_features
+
+    features = {str(f) for f in llvm_get_cpu_features(Target(target))}
+    return sorted(f for f in features if _X86_ISA.match(f) and not _host_has(f, flags))
+
+
+def _host_has(feature: str, flags: set[str]) -> bool:
+    names = {feature, _CPUINFO_NAME.get(feature, feature), feature.replace("-", "_")}
+    if feature.startswith("avx512"):  # cpuinfo: avx512f, avx512bw, ... but avx512_vnni, avx512_bf16, ...
+        names.add("avx512_" + feature[len("avx512"):])
+    return bool(names & flags)
+
+
+def _host_cpu_flags() -> set[str]:
+    """This host's x86 CPU flags (/proc/cpuinfo); empty when unknown (another OS or architecture)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def _host_llvm_cpu() -> str:
+    from tvm.target.codegen import llvm_get_system_cpu
+
+    return str(llvm_get_system_cpu())
+
+
+def _describe_target(target: dict) -> str:
+    parts = [f"{k} {target[k]}" for k in ("mtriple", "mcpu", "mattr") if target.get(k)]
+    return "an llvm target with " + ", ".join(parts) if parts else "a generic llvm target"
 
 
 def family_of(platform: str) -> str:

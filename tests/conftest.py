@@ -12,6 +12,21 @@ FIXTURES = Path(os.environ.get("TCL_FIXTURES", REPO.parent / "shared" / "fixture
 BUNDLED_FIXTURES = REPO / "tests" / "fixtures"
 
 
+def _measurable_here(platform: str) -> bool:
+    from tcl.hardware import get_platform, require_measurable
+
+    try:
+        require_measurable(get_platform(platform), here=True)
+    except ValueError:
+        return False
+    return True
+
+
+# The bundled platform the tests that measure on this host use: the bundle's own AVX-512 one where
+# this CPU runs its code, else the AVX2 one, else the generic x86-64 one (any x86-64 CPU runs it)
+LOCAL_PLATFORM = next((p for p in ("znver4-avx512-t2", "x86-avx2-t2") if _measurable_here(p)), "x86-sse-t2")
+
+
 def fixture_path(rel: str) -> Path:
     """Real public data: tests/fixtures (bundled copy) first, then ../shared/fixtures."""
     for root in (BUNDLED_FIXTURES, FIXTURES):

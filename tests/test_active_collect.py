@@ -21,9 +21,9 @@ from tcl.sampling import make_sampler
 from tcl.sampling.active import STATE_FILE, generate_candidates, round_plan
 from tests.test_sampling import blobs, settings
 
-from .conftest import REPO, run_tcl, stop_process_tree
+from .conftest import LOCAL_PLATFORM, REPO, run_tcl, stop_process_tree
 
-PLATFORM = "znver4-avx512-t2"
+PLATFORM = LOCAL_PLATFORM  # measured on this host
 PARAMS = REPO / "params.yaml"
 
 

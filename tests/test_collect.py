@@ -8,25 +8,28 @@ import time
 
 import pytest
 
+from tcl.hardware import get_platform
 from tcl.records import Record
 from tcl.records.ingest import ingest
 from tcl.records.metaschedule import read_database
 
-from .conftest import (REPO, fixture_path, free_port, rpc_tracker_and_server, run_tcl, stop_process_tree,
-                       wait_for_tracker)
+from .conftest import (LOCAL_PLATFORM, REPO, fixture_path, free_port, rpc_tracker_and_server, run_tcl,
+                       stop_process_tree, wait_for_tracker)
 
 pytestmark = pytest.mark.slow
 
+PLATFORM = LOCAL_PLATFORM  # measured on this host
+
 
 def _records(db):
-    return [r for r in read_database(db, "znver4-avx512-t2") if isinstance(r, Record)]
+    return [r for r in read_database(db, PLATFORM) if isinstance(r, Record)]
 
 
 def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     db = tmp_path / "db"
     scratch = tmp_path / "tmp"  # the temporary files of the run: none is left behind
     scratch.mkdir()
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", db, "--workload", "dense_64",
                    "--trials", "4", "--min-repeat-ms", "1", "--json", env={"TMPDIR": str(scratch)})
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["measured"] == 4 and summary["present"] == 0
@@ -34,18 +37,18 @@ def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     assert list(scratch.iterdir()) == []  # each build's directory, and the library the runner linked
     assert (db / "database_workload.json").exists() and (db / "tasks.json").exists()
     settings = json.loads((db / "collect.json").read_text())
-    assert settings["target"]["mcpu"] == "znver4" and settings["threads"] == 2
+    assert settings["target"] == get_platform(PLATFORM).target and settings["threads"] == 2
     records = _records(db)
     assert len(records) == 4 and all(0 < r.latency < 1 for r in records)
     assert len({json.dumps(r.steps) for r in records}) == 4  # distinct programs
     assert records[0].task_id == "dense_64_64_64" and "dense" in records[0].task_desc
     # the database is what the reader and ingest consume
-    report = ingest(db, "znver4-avx512-t2", tmp_path / "r.parquet")
+    report = ingest(db, PLATFORM, tmp_path / "r.parquet")
     assert report.records == 4 and report.tasks == 1
 
     # resuming with more trials measures only the new programs; the first four are kept as they were
     before = (db / "database_tuning_record.json").read_text().splitlines()
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", db, "--workload", "dense_64",
                    "--trials", "6", "--min-repeat-ms", "1", "--json")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["present"] == 4 and summary["measured"] == 2
@@ -55,7 +58,7 @@ def test_collect_writes_a_metaschedule_database_and_resumes(tmp_path):
     # a run killed mid-write leaves half a line: resuming drops it and measures that program again
     text = (db / "database_tuning_record.json").read_text()
     (db / "database_tuning_record.json").write_text(text[: len(text) - len(after[-1]) // 2 - 1])
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload", "dense_64",
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", db, "--workload", "dense_64",
                    "--trials", "6", "--min-repeat-ms", "1", "--json")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["present"] == 5 and summary["measured"] == 1
@@ -73,23 +76,23 @@ def test_collect_measures_the_workloads_of_a_user_s_database(tmp_path):
         for name in ("dense_256", "conv2d_small")))
     hashes = [str(json.loads(line)[0]) for line in (mine / "database_workload.json").read_text().splitlines()]
     db = tmp_path / "db"
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", db, "--workload-db", mine,
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", db, "--workload-db", mine,
                    "--trials", "2", "--min-repeat-ms", "1", "--json")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["tasks"] == 2 and summary["measured"] == 4
     meta = json.loads((db / "tasks.json").read_text())
     assert sorted(m["name"] for m in meta.values()) == sorted(hashes) == sorted(meta)
     assert {m["kind"] for m in meta.values()} == {"workload"}
-    report = ingest(db, "znver4-avx512-t2", tmp_path / "r.parquet")
+    report = ingest(db, PLATFORM, tmp_path / "r.parquet")
     assert report.records == 4 and report.tasks == 2
     # actively: the second workload only, the sampler's choice of a pool of its candidates
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", tmp_path / "active", "--workload-db", mine,
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", tmp_path / "active", "--workload-db", mine,
                    "--task-index", "1", "--sample", "random", "--budget", "2", "--pool-size", "4",
                    "--min-repeat-ms", "1", "--params", REPO / "params.yaml", "--json")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["measured"] == 2 and summary["pool"] == 4
     assert [m["name"] for m in json.loads((tmp_path / "active" / "tasks.json").read_text()).values()] == [hashes[1]]
-    proc = run_tcl("collect", "--platform", "znver4-avx512-t2", "--out", tmp_path / "x", "--workload", "dense_64",
+    proc = run_tcl("collect", "--platform", PLATFORM, "--out", tmp_path / "x", "--workload", "dense_64",
                    "--task-index", "0", "--trials", "1", check=False)
     assert proc.returncode == 2 and "--task-index goes with --workload-db" in proc.stderr
 

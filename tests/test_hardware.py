@@ -228,3 +228,62 @@ def test_measuring_a_platform_on_another_cpu_warns_and_the_database_records_the_
     elsewhere = hardware.get_platform("my-elsewhere")
     assert warn_if_other_host(elsewhere, RpcSettings.from_options("127.0.0.1:9", "k")) == []
     assert warn_if_other_host(elsewhere, None) == [why]
+
+
+# The vector ISA flags /proc/cpuinfo reports on two CPUs the project has run on: an AMD EPYC Zen 3
+# KVM guest (no AVX-512) and an Intel Xeon Ice Lake server (AVX-512 without BF16)
+ZEN3_FLAGS = {"sse", "sse2", "pni", "ssse3", "fma", "sse4_1", "sse4_2", "avx", "f16c", "sse4a", "avx2"}
+ICELAKE_FLAGS = {"sse", "sse2", "pni", "ssse3", "fma", "sse4_1", "sse4_2", "avx", "f16c", "avx2", "avx512f",
+                 "avx512dq", "avx512ifma", "avx512cd", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vbmi2",
+                 "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq"}
+
+
+def test_a_target_this_cpu_cannot_run_is_refused_before_anything_is_measured(user_registry, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+
+    znver4 = hardware.get_platform("znver4-avx512-t2")
+    # what code built for each bundled target may use, against what each CPU reports
+    assert {"avx512f", "avx512bw", "avx512vl"} <= set(hardware.missing_isa(znver4.target, ZEN3_FLAGS))
+    assert hardware.missing_isa(hardware.get_platform("x86-avx2-t2").target, ZEN3_FLAGS) == []
+    assert hardware.missing_isa(hardware.get_platform("x86-sse-t2").target, {"sse", "sse2"}) == []
+    assert hardware.missing_isa(znver4.target, ICELAKE_FLAGS) == ["avx512bf16", "sse4a"]
+    assert hardware.missing_isa({"kind": "llvm", "mattr": ["+avx512f"]}, ZEN3_FLAGS) == ["avx512f"]
+    assert hardware.missing_isa({"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, ZEN3_FLAGS) == []
+    assert hardware.missing_isa(znver4.target, set()) == []  # flags unknown (another OS): no verdict
+
+    # as seen from a Zen 3 host: every command that measures here refuses, before any output
+    monkeypatch.setattr(hardware, "_host_cpu_flags", lambda: ZEN3_FLAGS)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")  # a tuning run's store, if one opened
+    commands = {
+        "collect": ["collect", "--platform", znver4.name, "--workload", "dense_64", "--trials", "1"],
+        "collect --sample": ["collect", "--platform", znver4.name, "--workload", "dense_64", "--sample", "rdu",
+                             "--budget", "1"],
+        "tune": ["tune", "--platform", znver4.name, "--workload", "dense_64", "--trials", "1",
+                 "--cost-model", "random", "--no-progress"],
+    }
+    for what, args in commands.items():
+        out = tmp_path / what.replace(" ", "")
+        res = CliRunner().invoke(main, [*args, "--out", str(out)])
+        assert res.exit_code == 2, (what, res.output)
+        assert "avx512f" in res.output and "lacks them" in res.output and "--rpc-tracker" in res.output, what
+        assert not out.exists(), what
+    params = tmp_path / "params.yaml"
+    params.write_text(f"platforms: [x86-sse-t2, {znver4.name}]\n"
+                      f"dataset: {{tasks: [dense_128_768_768], programs_per_task: 2, out: {tmp_path / 'ds'}}}\n")
+    res = CliRunner().invoke(main, ["dataset", "collect", "--params", str(params)])
+    assert res.exit_code == 1 and "avx512f" in res.output and not (tmp_path / "ds").exists()
+    # over RPC the code runs on the device: no refusal (the unreachable tracker is what stops it)
+    res = CliRunner().invoke(main, [*commands["tune"], "--out", str(tmp_path / "rpc"),
+                                    "--rpc-tracker", "127.0.0.1:9", "--rpc-key", "k"])
+    assert res.exit_code != 0 and "avx512f" not in res.output and "127.0.0.1:9" in res.output
+    # a platform for this CPU, as the refusal suggests, is accepted
+    hardware.add_platform("my-zen3", znver4.family, target={"kind": "llvm", "mcpu": "znver3"}, threads=1)
+    hardware.require_measurable(hardware.get_platform("my-zen3"), here=True)
+
+    # as seen from an Ice Lake host: measured, with a warning naming what it lacks
+    monkeypatch.setattr(hardware, "_host_cpu_flags", lambda: ICELAKE_FLAGS)
+    hardware.require_measurable(znver4, here=True)
+    assert "avx512bf16" in hardware.isa_warning(znver4)
+    assert hardware.isa_warning(hardware.get_platform("x86-avx2-t2")) is None

@@ -16,9 +16,11 @@ from tcl.collect.measure import (GuardedRunner, MeasureSettings, build_all, for_
 from tcl.collect.workloads import SMALL_WORKLOADS, build_workload
 from tcl.hardware import get_platform
 
+from .conftest import LOCAL_PLATFORM
+
 pytestmark = pytest.mark.slow
 
-PLATFORM = "znver4-avx512-t2"
+PLATFORM = LOCAL_PLATFORM  # measured on this host
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, fixture_path, run_tcl
+from tcl.hardware import family_of
+from tests.conftest import LOCAL_PLATFORM, REPO, fixture_path, run_tcl
 
-PLATFORM = "znver4-avx512-t2"
-FAMILY = "amd-zen4-avx512"
+PLATFORM = LOCAL_PLATFORM  # the runs measure on this host
+FAMILY = family_of(PLATFORM)
 TINY = {"d_model": 16, "n_layers": 1, "d_state": 4, "expand": 1, "d_conv": 4}
 
 

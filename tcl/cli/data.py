@@ -146,15 +146,17 @@ def rpc_settings(tracker: str | None, key: str | None):
 
 def warn_if_other_host(platform, rpc) -> list[str]:
     """Warn (stderr) when measuring `platform` here, without RPC, on a CPU that is not its own
-    (hardware registry ``host_cpu``); the warnings given. The JSON lines keep their contracts:
-    the mismatch is recorded in the database's collect.json and the tuning run's MLflow tags."""
-    from ..hardware import host_mismatch
+    (hardware registry ``host_cpu``) or that lacks some of its target's later ISA extensions; the
+    warnings given. The JSON lines keep their contracts: the mismatch is recorded in the
+    database's collect.json and the tuning run's MLflow tags."""
+    from ..hardware import host_mismatch, isa_warning
 
-    why = None if rpc is not None else host_mismatch(platform)
-    if why is None:
+    if rpc is not None:
         return []
-    click.echo(f"warning: {why}", err=True)
-    return [why]
+    warnings = [w for w in (host_mismatch(platform), isa_warning(platform)) if w]
+    for why in warnings:
+        click.echo(f"warning: {why}", err=True)
+    return warnings
 
 
 def _list_tasks(ctx, _param, value) -> None:
@@ -311,7 +313,7 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     """Measure `dataset.tasks` × `dataset.programs_per_task` on every platform (resumable)."""
     from ..collect.collector import collect as run_collect
     from ..collect.networks import network_tasks
-    from ..hardware import get_platform
+    from ..hardware import get_platform, require_measurable
 
     params = _load_params(params_path)
     spec = params.get("dataset")
@@ -327,6 +329,8 @@ def dataset_collect(params_path: str, max_tasks: int | None) -> None:
     tasks = [all_tasks[name] for name in task_names][:max_tasks]
     try:
         platforms = [get_platform(name) for name in platform_names]
+        for platform in platforms:  # every platform, before the first is measured for an hour
+            require_measurable(platform, here=True)
     except (KeyError, ValueError) as exc:
         _fail(f"{params_path}: {exc.args[0]}", 1)
     for platform in platforms:

@@ -83,13 +83,13 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
     from ..hardware import get_platform, require_measurable
     from .data import rpc_settings, warn_if_other_host
 
+    rpc = rpc_settings(rpc_tracker, rpc_key)
     try:
         platform = get_platform(platform_name)
-        require_measurable(platform)  # before an MLflow run is opened for a job that cannot start
+        require_measurable(platform, here=rpc is None)  # before an MLflow run is opened for a job that cannot start
     except (KeyError, ValueError) as exc:
         _fail(exc.args[0])
     tasks = _tasks(workload, workload_db, task_index, network)
-    rpc = rpc_settings(rpc_tracker, rpc_key)
     warnings = warn_if_other_host(platform, rpc)
     batch, batch_note = batch_for(trials, len(tasks), trials_per_iter)  # tune() keeps a batch that fits
     if batch_note:  # now, not after a long run

@@ -105,7 +105,7 @@ def collect(
 
     settings = settings or MeasureSettings()
     for p in platforms:
-        require_measurable(p)
+        require_measurable(p, here=rpc is None)
     out_root = Path(out_root)
     outs = {p.name: (out_root / p.name if per_platform_dirs else out_root) for p in platforms}
     dbs = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from ..hardware import get_platform, host_mismatch, local_cpu_model
+from ..hardware import get_platform, host_mismatch, local_cpu_model, require_runnable_here
 from ..records import check_latencies, steps_id, steps_json
 from ..records.metaschedule import trace_to_steps
 from .measure import (
@@ -204,6 +204,7 @@ def remeasure(db_dir: str | Path, platform: str, n_programs: int = 100, seed: in
     if recorded.get("rpc"):
         raise ValueError(f"{db_dir} was measured through an RPC tracker; re-measure on that device")
     target, threads = recorded["target"], int(recorded.get("threads") or 1)
+    require_runnable_here(platform, target)
     settings = _settings(recorded.get("settings", {}))
 
     workloads, programs = read_programs(db_dir)

@@ -235,7 +235,7 @@ def collect_active(platform: Platform, tasks: list[Task], out: str | os.PathLike
     counts: measured now, present before, failed by reason, the pool, and the rounds run now.
     """
     settings = settings or MeasureSettings()
-    require_measurable(platform)
+    require_measurable(platform, here=rpc is None)
     if active.strategy not in STRATEGIES:
         raise SamplingError(f"unknown sampling strategy {active.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     for key in ("budget", "rounds", "pool_size"):

@@ -124,7 +124,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
 
     from tcl.tuner.baselines import make_cost_model
 
-    require_measurable(platform)
+    require_measurable(platform, here=rpc is None)
     if trials < 1:
         raise ValueError("--trials must be at least 1")
     settings = settings or MeasureSettings()
