@@ -65,6 +65,9 @@ class Platform:
     # what the local CPU's model name must contain (case-insensitive) for a measurement taken on
     # this host, without RPC, to be this platform's; empty: any host (see host_mismatch)
     host_cpu: str = ""
+    # and, where set, the CPUID /proc/cpuinfo gives that host (`local_cpu_id`): KVM guests of two CPU
+    # generations can report one model name (the bundle's Zen 4 and a Zen 3 are both "AMD EPYC")
+    host_cpuid: str = ""
     extra: dict = field(default_factory=dict)
     defined_in: str = PACKAGED
 
@@ -193,6 +196,7 @@ def _platforms(raw: dict, where: str, defined_in: str, families: dict[str, Famil
             threads=threads,
             restricted=str(p.get("restricted", "")),
             host_cpu=str(p.get("host_cpu", "")),
+            host_cpuid=str(p.get("host_cpuid", "")),
             defined_in=defined_in,
         )
     return out
@@ -386,7 +390,7 @@ def add_family(name: str, vendor: str, architecture: str, isa: str) -> Family:
 
 def add_platform(name: str, family: str, target: dict | str | None = None, threads: int | None = None,
                  cpu: str = "", cores: int | None = None, restricted: str = "",
-                 source: str = "user", host_cpu: str = "") -> Platform:
+                 source: str = "user", host_cpu: str = "", host_cpuid: str = "") -> Platform:
     """Add a platform of an existing family to the user registry; refuses a name that exists."""
     reg = load_registry()
     _check_name(name, "platform", "new platform")
@@ -409,6 +413,8 @@ def add_platform(name: str, family: str, target: dict | str | None = None, threa
         entry["restricted"] = restricted
     if host_cpu:
         entry["host_cpu"] = host_cpu
+    if host_cpuid:
+        entry["host_cpuid"] = host_cpuid
 
     def update(raw):
         raw["platforms"][name] = entry
@@ -430,19 +436,41 @@ def local_cpu_model() -> str:
     return pyplatform.processor() or pyplatform.machine() or "unknown"
 
 
-def host_mismatch(platform: Platform, local_cpu: str | None = None) -> str | None:
+def local_cpu_id() -> str:
+    """This host's CPU as /proc/cpuinfo identifies it, "<vendor_id> family <cpu family> model
+    <model>" (e.g. "AuthenticAMD family 25 model 17", a Zen 4); "" where it does not say."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    if not all(fields.get(k) for k in ("vendor_id", "cpu family", "model")):
+        return ""
+    return f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
+
+
+def host_mismatch(platform: Platform, local_cpu: str | None = None, local_id: str | None = None) -> str | None:
     """Why a measurement taken here (no RPC) would not be `platform`'s, or None when it would.
 
     The bundled platforms were measured on one AMD EPYC: the same target on another CPU runs, but
     its latencies (and a model's ranking of them) belong to that CPU, not to the platform whose
-    data and KB carry the name. Only a platform with ``host_cpu`` set is checked.
+    data and KB carry the name. A platform with ``host_cpu`` is checked on the model name
+    (`local_cpu`, this host's when None), one with ``host_cpuid`` on the CPUID (`local_id`).
     """
-    if not platform.host_cpu:
-        return None
+    fix = (f"its latencies are this CPU's, not {platform.name}'s (measure over --rpc-tracker on the "
+           f"platform's hardware, or `tcl hardware add` a platform for this CPU)")
     local = local_cpu if local_cpu is not None else local_cpu_model()
-    if platform.host_cpu.lower() in local.lower():
-        return None
-    return (f"platform {platform.name!r} is measured on a CPU whose model name contains "
-            f"{platform.host_cpu!r} (hardware registry, defined in {platform.defined_in}); this host is "
-            f"{local!r}: its latencies are this CPU's, not {platform.name}'s (measure over --rpc-tracker on "
-            f"the platform's hardware, or `tcl hardware add` a platform for this CPU)")
+    if platform.host_cpu and platform.host_cpu.lower() not in local.lower():
+        return (f"platform {platform.name!r} is measured on a CPU whose model name contains "
+                f"{platform.host_cpu!r} (hardware registry, defined in {platform.defined_in}); this host is "
+                f"{local!r}: {fix}")
+    here = local_id if local_id is not None else local_cpu_id()
+    if platform.host_cpuid and here and here != platform.host_cpuid:
+        return (f"platform {platform.name!r} is measured on the CPU /proc/cpuinfo identifies as "
+                f"{platform.host_cpuid!r} (hardware registry, defined in {platform.defined_in}); this host's "
+                f"is {here!r} ({local}): {fix}")
+    return None

@@ -197,10 +197,16 @@ def test_measuring_a_platform_on_another_cpu_warns_and_the_database_records_the_
     local = hardware.local_cpu_model()
     # the bundled platforms name the CPU the bundle was measured on
     bundled = hardware.get_platform("znver4-avx512-t2")
-    assert bundled.host_cpu == "AMD EPYC"
-    assert hardware.host_mismatch(bundled, "AMD EPYC 9R14 96-Core Processor") is None
-    why = hardware.host_mismatch(bundled, "Intel(R) Xeon(R) Processor @ 2.60GHz")
+    assert bundled.host_cpu == "AMD EPYC" and bundled.host_cpuid == "AuthenticAMD family 25 model 17"
+    zen4 = "AuthenticAMD family 25 model 17"
+    assert hardware.host_mismatch(bundled, "AMD EPYC 9R14 96-Core Processor", zen4) is None
+    why = hardware.host_mismatch(bundled, "Intel(R) Xeon(R) Processor @ 2.60GHz", "GenuineIntel family 6 model 106")
     assert "'AMD EPYC'" in why and "Intel(R) Xeon(R) Processor @ 2.60GHz" in why
+    # a Zen 3 KVM guest reports the same model name: its CPUID tells it apart
+    why = hardware.host_mismatch(bundled, "AMD EPYC", "AuthenticAMD family 25 model 1")
+    assert f"'{zen4}'" in why and "'AuthenticAMD family 25 model 1'" in why
+    assert hardware.host_mismatch(bundled, "AMD EPYC", "") is None  # no CPUID to read: the name decides
+    assert hardware.local_cpu_id() == "" or hardware.local_cpu_id().count(" family ") == 1
     # a platform without host_cpu is any host's; `--host-cpu here` names this one
     _add_my_platform()
     assert hardware.host_mismatch(hardware.get_platform("my-cpu")) is None
@@ -208,7 +214,8 @@ def test_measuring_a_platform_on_another_cpu_warns_and_the_database_records_the_
             "--threads", "1", "--host-cpu", "here")
     run_tcl("hardware", "add", "my-elsewhere", "--family", "my-fam", "--target", json.dumps(TARGET),
             "--threads", "1", "--host-cpu", "No Such CPU 9000")
-    assert json.loads(user_registry.read_text())["platforms"]["my-here"]["host_cpu"] == local
+    here = json.loads(user_registry.read_text())["platforms"]["my-here"]
+    assert here["host_cpu"] == local and here.get("host_cpuid", "") == hardware.local_cpu_id()
     assert hardware.host_mismatch(hardware.get_platform("my-here")) is None
     why = hardware.host_mismatch(hardware.get_platform("my-elsewhere"))
     assert "'No Such CPU 9000'" in why and repr(local) in why

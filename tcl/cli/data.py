@@ -45,7 +45,7 @@ def hardware_list(as_json: bool) -> None:
         {"platform": p.name, "family": p.family, "vendor": p.vendor, "architecture": p.architecture,
          "isa": p.isa, "cpu": p.cpu, "cores": p.cores, "compute_capability": p.compute_capability,
          "source": p.source, "target": p.target, "threads": p.threads, "restricted": p.restricted,
-         "host_cpu": p.host_cpu, "defined_in": p.defined_in}
+         "host_cpu": p.host_cpu, "host_cpuid": p.host_cpuid, "defined_in": p.defined_in}
         for p in reg.platforms.values()
     ]
     if as_json:
@@ -79,10 +79,10 @@ def hardware_list(as_json: bool) -> None:
 @click.option("--host-cpu", default="",
               help="Text the CPU model name of the host measuring this platform contains (e.g. 'EPYC 9R14'); "
                    "`tcl collect`/`tcl tune` warn when measuring it on another CPU without RPC. "
-                   "'here': this host's model name.")
+                   "'here': this host's model name, and its CPUID (vendor, family, model), checked too.")
 def hardware_add(name, family, target_json, threads, cpu, cores, restricted, host_cpu) -> None:
     """Add platform NAME to the project's user registry (see `tcl hardware list` for its path)."""
-    from ..hardware import HardwareRegistryError, add_platform, check_target, local_cpu_model
+    from ..hardware import HardwareRegistryError, add_platform, check_target, local_cpu_id, local_cpu_model
 
     try:
         target = None if target_json is None else check_target(target_json, "--target")
@@ -90,7 +90,8 @@ def hardware_add(name, family, target_json, threads, cpu, cores, restricted, hos
             _check_target_with_tvm(target)
         p = add_platform(name, family, target=target, threads=threads, cpu=cpu, cores=cores,
                          restricted=restricted,
-                         host_cpu=local_cpu_model() if host_cpu == "here" else host_cpu)
+                         host_cpu=local_cpu_model() if host_cpu == "here" else host_cpu,
+                         host_cpuid=local_cpu_id() if host_cpu == "here" else "")
     except HardwareRegistryError as exc:
         _fail(str(exc))
     click.echo(f"added platform {p.name} (family {p.family}{', measurable' if p.measurable else ''}) "
