@@ -337,14 +337,21 @@ def _host_has(feature: str, flags: set[str]) -> bool:
 
 def _host_cpu_flags() -> set[str]:
     """This host's x86 CPU flags (/proc/cpuinfo); empty when unknown (another OS or architecture)."""
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none to read)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "flags":
-                return set(value.split())
+            if not key.strip():
+                break  # the next processor's block: the same CPU
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return set()
+    return fields
 
 
 def _host_llvm_cpu() -> str:
@@ -426,28 +433,13 @@ def local_cpu_model() -> str:
     """This host's CPU model name (/proc/cpuinfo's first ``model name``), else what Python knows."""
     import platform as pyplatform
 
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return pyplatform.processor() or pyplatform.machine() or "unknown"
+    return _cpuinfo().get("model name") or pyplatform.processor() or pyplatform.machine() or "unknown"
 
 
 def local_cpu_id() -> str:
     """This host's CPU as /proc/cpuinfo identifies it, "<vendor_id> family <cpu family> model
     <model>" (e.g. "AuthenticAMD family 25 model 17", a Zen 4); "" where it does not say."""
-    fields = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if not key.strip():
-                break  # the first processor's block is enough
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return ""
+    fields = _cpuinfo()
     if not all(fields.get(k) for k in ("vendor_id", "cpu family", "model")):
         return ""
     return f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
