@@ -122,8 +122,8 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
         import mlflow
 
         mlflow.log_params(params)
-        if warnings:
-            mlflow.set_tag("host_mismatch", warnings[0][:500])
+        if warnings:  # why this host's latencies may not be the platform's: another CPU, a lacking ISA extension
+            mlflow.set_tag("host_mismatch", "; ".join(warnings)[:500])
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
                               settings=settings, progress=progress, fine_tune=fine_tune, explore=explore,
