@@ -279,9 +279,7 @@ def require_runnable_here(name: str, target: dict) -> None:
     missing = [f for f in missing_isa(target) if _BASELINE_ISA.match(f)]
     if missing:
         raise ValueError(
-            f"platform {name!r} builds code for {_describe_target(target)}, which uses "
-            f"{', '.join(missing)}; this host's CPU ({local_cpu_model()}) lacks "
-            f"{'it' if len(missing) == 1 else 'them'}, so the programs measured here would die on their "
+            f"{_lacking(name, target, missing, 'uses')}, so the programs measured here would die on their "
             f"first such instruction: measure over --rpc-tracker on the platform's hardware, or "
             f"`tcl hardware add` a platform for this CPU (e.g. --target '{{\"kind\": \"llvm\", \"mcpu\": "
             f"\"{_host_llvm_cpu()}\"}}')")
@@ -296,9 +294,13 @@ def isa_warning(platform: Platform) -> str | None:
     missing = missing_isa(platform.target)
     if not missing or any(_BASELINE_ISA.match(f) for f in missing):  # none, or refused anyway
         return None
-    return (f"platform {platform.name!r} builds code for {_describe_target(platform.target)}, which may use "
-            f"{', '.join(missing)}; this host's CPU ({local_cpu_model()}) lacks "
-            f"{'it' if len(missing) == 1 else 'them'}: a program that uses one fails its run here")
+    return f"{_lacking(platform.name, platform.target, missing, 'may use')}: a program that uses one fails its run here"
+
+
+def _lacking(name: str, target: dict, missing: list[str], uses: str) -> str:
+    """"platform N builds code for T, which <uses> X, Y; this host's CPU (C) lacks them"."""
+    return (f"platform {name!r} builds code for {_describe_target(target)}, which {uses} {', '.join(missing)}; "
+            f"this host's CPU ({local_cpu_model()}) lacks {'it' if len(missing) == 1 else 'them'}")
 
 
 # The x86 ISA extensions a target's generated code may use, by LLVM's feature names; the rest of
