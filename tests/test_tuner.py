@@ -757,3 +757,57 @@ def test_tune_with_explore_records_each_batch_and_is_for_tcl_only(kb, tmp_path, 
                                     "--no-progress"])
     assert res.exit_code == 2 and "--explore is for --cost-model tcl" in res.output
     assert not (tmp_path / "x").exists()
+
+
+def test_online_blend_reorders_the_kb_s_own_scores_by_both_ranks():
+    """tcl.tuner.online.blend_ranks: the chunk keeps the KB's scores (the same multiset) and hands
+    them out by (1 - w) KB rank + w XGBoost rank: w 0 is the KB's order, w 1 XGBoost's, a tie
+    goes to the KB's order."""
+    from tcl.tuner.online import blend_ranks, online_for, online_params
+
+    scores = np.array([0.9, 0.1, 0.5, 0.3])   # the KB: 0 > 2 > 3 > 1
+    online = np.array([0.0, 3.0, 1.0, 2.0])   # XGBoost: 1 > 3 > 2 > 0
+    assert np.array_equal(blend_ranks(scores, online, 0.0), scores)
+    assert np.array_equal(blend_ranks(scores, online, 1.0), [0.1, 0.9, 0.3, 0.5])
+    half = blend_ranks(scores, online, 0.5)
+    assert sorted(half) == sorted(scores)
+    # blended ranks 0.5, 0.5, 0.5, 0.5: every tie, so the KB's order stands
+    assert np.array_equal(half, scores)
+    quarter = blend_ranks(scores, online, 0.25)  # 0.75, 0.25, 0.583, 0.417: the KB's order still
+    assert np.array_equal(quarter, scores)
+    three_quarters = blend_ranks(scores, online, 0.75)  # 0.25, 0.75, 0.417, 0.583: XGBoost's order
+    assert np.array_equal(three_quarters, [0.1, 0.9, 0.3, 0.5])
+    with pytest.raises(ValueError, match="weight"):
+        online_params({"weight": 1.5})
+    with pytest.raises(ValueError, match=r"unknown tune.online settings \['wieght'\]"):
+        online_params({"wieght": 0.5})
+    assert online_for("xgb") is None
+    with pytest.raises(ValueError, match="--online-weight is for --cost-model tcl"):
+        online_for("random", {"weight": 0.5})
+
+
+def test_tune_with_xgboost_beside_the_kb_blends_once_it_has_trained(kb, tmp_path, store):
+    """A real run with `online` (warm-up 8 of 16 trials): XGBoost learns every measured batch and
+    ranks candidates after its warm-up, its seconds are counted, the settings are in tune.json; a
+    peer refuses the switch."""
+    from click.testing import CliRunner
+
+    from tcl.cli import main
+    from tcl.collect.measure import MeasureSettings
+    from tcl.collect.workloads import build_workload, resolve_workload
+    from tcl.hardware import get_platform
+    from tcl.tuner.online import online_params
+    from tcl.tuner.tune import TuneTask, tune
+
+    task = TuneTask("dense_64", build_workload(resolve_workload("dense_64")))
+    online = {"weight": 0.5, "warmup": 8}
+    result = tune(get_platform(PLATFORM), [task], 16, "tcl", tmp_path / "db", model=str(kb), progress=False,
+                  trials_per_iter=4, settings=MeasureSettings(repeat=1, min_repeat_ms=0), online=online)
+    assert result["tasks"][0]["trials"] == 16 and result["stats"]["measured"] == 16
+    assert result["stats"]["online_seconds"] > 0 and result["stats"]["online_blended"] > 0
+    assert json.loads((tmp_path / "db" / "tune.json").read_text())["online"] == online_params(online)
+    res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--workload", "dense_64",
+                                    "--cost-model", "xgb", "--online-weight", "0.5", "--out", str(tmp_path / "x"),
+                                    "--no-progress"])
+    assert res.exit_code == 2 and "--online-weight is for --cost-model tcl" in res.output
+    assert not (tmp_path / "x").exists()

@@ -63,7 +63,8 @@ def run(args) -> None:
                           trials_per_iter=args.trials_per_iter, fine_tune=args.cost_model == "tcl-ft",
                           search=json.loads(args.search) if args.search else None,
                           fine_tune_settings=json.loads(args.fine_tune) if args.fine_tune else None,
-                          explore=json.loads(args.explore) if args.explore else None, settings=settings)
+                          explore=json.loads(args.explore) if args.explore else None,
+                          online=json.loads(args.online) if args.online else None, settings=settings)
             used = json.loads((db / "tune.json").read_text())
             row = {"task": workload, "name": args.name, "cost_model": args.cost_model, "seed": seed,
                    "model": model, "search": used["search"], "fine_tune_params": used["fine_tune_params"],
@@ -71,6 +72,9 @@ def run(args) -> None:
                    "candidates_scored": result["candidates_scored"], "predict_seconds": result["predict_seconds"]}
             if used.get("explore") and used["explore"]["share_max"] > 0:  # its settings and readings
                 row.update(explore=used["explore"], explore_readings=result["stats"]["explore"])
+            if used.get("online") and used["online"]["weight"] > 0:
+                row.update(online=used["online"], online_seconds=result["stats"]["online_seconds"],
+                           online_blended=result["stats"]["online_blended"])
             with out.open("a") as f:  # one line a run: a crash loses at most the run under way
                 f.write(json.dumps(row) + "\n")
             print(workload, args.name, seed, f"{row['curve']['best'][-1] * 1e6:.2f} us", f"{row['seconds']:.0f} s",
@@ -146,6 +150,7 @@ def main() -> None:
     r.add_argument("--search", default=None, help="JSON over tune.search, e.g. '{\"population_size\": 2048}'")
     r.add_argument("--fine-tune", default=None, help="JSON over tune.fine_tune, e.g. '{\"lr\": 0.002}'")
     r.add_argument("--explore", default=None, help="JSON over tune.explore, e.g. '{\"share_max\": 0.2}'")
+    r.add_argument("--online", default=None, help="JSON over tune.online, e.g. '{\"weight\": 0.5}'")
     r.add_argument("--tasks", default=VALIDATION_TASKS)
     r.add_argument("--seeds", default="0,1,2")
     r.add_argument("--trials", type=int, default=128)

@@ -66,6 +66,9 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--explore", "explore_share", type=click.FloatRange(0, 1), default=None,
               help="tcl: rank this share of the candidates at random while the run's "
                    "measured batches stop lowering the best latency (default params.yaml tune.explore share_max; 0: off).")
+@click.option("--online-weight", "online_weight", type=click.FloatRange(0, 1), default=None,
+              help="tcl: MetaSchedule's XGBoost learns the run's measurements beside the KB and, once trained, "
+                   "takes this share of the ranking (default params.yaml tune.online weight; 0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="MetaSchedule database folder.")
 @click.option("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker.")
@@ -77,7 +80,7 @@ def _tasks(workload, workload_db, task_index, network):
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON line last.")
 def tune(platform_name, workload, workload_db, task_index, network, trials, trials_per_iter, cost_model, model, fine_tune,
-         explore_share, seed, out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
+         explore_share, online_weight, seed, out, rpc_tracker, rpc_key, number, repeat, min_repeat_ms, experiment, progress, as_json) -> None:
     """Tune a workload, a database's workloads or a network with MetaSchedule; write the database."""
     from ..collect.measure import MeasureSettings
     from ..hardware import get_platform, require_measurable
@@ -103,6 +106,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
 
     fine_tune_settings = {}
     explore = None if explore_share is None else {"share_max": explore_share}
+    online = None if online_weight is None else {"weight": online_weight}
     try:  # a misspelt setting in params.yaml fails here, before a run is opened
         search_settings = {f"search_{k}": v for k, v in search_params().items()}
         if fine_tune:
@@ -112,10 +116,13 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
         from ..tuner.explore import explore_for
 
         explore_settings = {f"explore_{k}": v for k, v in (explore_for(cost_model, explore) or {}).items()}
+        from ..tuner.online import online_for
+
+        online_settings = {f"online_{k}": v for k, v in (online_for(cost_model, online) or {}).items()}
     except ValueError as exc:
         _fail(str(exc))
     params = {"platform": platform.name, "cost_model": cost_model, "model": model or "", "fine_tune": fine_tune,
-              **fine_tune_settings, **explore_settings, **search_settings, "trials": trials,
+              **fine_tune_settings, **explore_settings, **online_settings, **search_settings, "trials": trials,
               "trials_per_iter": trials_per_iter, "seed": seed, "tasks": len(tasks),
               "out": out, "rpc_key": rpc_key or ""}
     with tracking.start_run(experiment, run_name=f"tune-{cost_model}-{platform.name}") as run:
@@ -126,7 +133,7 @@ def tune(platform_name, workload, workload_db, task_index, network, trials, tria
             mlflow.set_tag("host_mismatch", "; ".join(warnings)[:500])
         try:
             result = run_tune(platform, tasks, trials, cost_model, out, model=model, seed=seed, rpc=rpc,
-                              settings=settings, progress=progress, fine_tune=fine_tune, explore=explore,
+                              settings=settings, progress=progress, fine_tune=fine_tune, explore=explore, online=online,
                               trials_per_iter=batch)
         except (ValueError, ConnectionError, TclRegistryError, NotImplementedError) as exc:
             mlflow.set_tag("error", str(exc)[:500])

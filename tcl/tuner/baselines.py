@@ -106,11 +106,13 @@ class CountedCostModel(PyCostModel):
 
 
 def make_cost_model(kind: str, model: str | None, family: str | None, seed: int, threads: int,
-                    fine_tune: bool = False, fine_tune_settings: dict | None = None, explore: dict | None = None):
+                    fine_tune: bool = False, fine_tune_settings: dict | None = None, explore: dict | None = None,
+                    online: dict | None = None):
     """(the MetaSchedule cost model, its PredictStats or None) for `kind` in COST_MODELS;
     `fine_tune`: the KB learns from the run's measurements (tcl only), with `fine_tune_settings`
     over `tcl.tuner.fine_tune.fine_tune_params()`'s; `explore`: the KB's evidence-following
-    exploration (tcl only; complete settings, `tcl.tuner.explore.explore_for()`)."""
+    exploration (tcl only; complete settings, `tcl.tuner.explore.explore_for()`); `online`:
+    XGBoost learning beside the KB (tcl only; `tcl.tuner.online.online_for()`)."""
     from tvm.s_tir import meta_schedule as ms
 
     if kind == "tcl":
@@ -119,7 +121,7 @@ def make_cost_model(kind: str, model: str | None, family: str | None, seed: int,
         if not model:  # tcl.tuner.tune.tune resolves the family's registered KB
             raise ValueError("--cost-model tcl needs a KB: a models:/ URI, an .onnx file or a checkpoint")
         cm = TCLCostModel(model, family=family, threads=threads, fine_tune=fine_tune,
-                          fine_tune_params=fine_tune_settings, explore=explore, seed=seed)
+                          fine_tune_params=fine_tune_settings, explore=explore, seed=seed, online=online)
         return cm, cm.stats
     if fine_tune:
         raise ValueError(f"--fine-tune is for --cost-model tcl ({kind} {'learns online' if kind == 'xgb' else 'does not learn'})")

@@ -22,7 +22,9 @@ With `fine_tune`, `update` fine-tunes the KB's torch net on the run's measuremen
 (tcl.tuner.fine_tune; torch is imported then, never otherwise), serves the re-exported ONNX
 model and forgets the cached scores. With `explore` (tcl.tuner.explore), `update` tells it each
 measured batch, and `predict` ranks a share of a task's candidates at random while the task's
-best latency has stopped falling.
+best latency has stopped falling. With `online` (tcl.tuner.online), MetaSchedule's XGBoost learns
+the run's measurements beside the KB and, once trained, takes its share of each chunk's ranking
+(the cached scores are forgotten after each batch then, as XGBoost has moved).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from tcl.features import Featurizer
 from tcl.records import FAILED_LATENCY
 from tcl.serving import Predictor, load_predictor
 from tcl.tuner.explore import Exploration
+from tcl.tuner.online import OnlineModel
 from tcl.tuner.traces import CandidateFeatures
 
 CACHE_LIMIT = 50_000  # traces whose scores are kept (a generation is 512; the search runs 5 a round)
@@ -61,6 +64,8 @@ class PredictStats:
     update_seconds: float = 0.0     # in them: features, training, export, new session
     fine_tune: list = field(default_factory=list)  # per update: measured, loss before/after, seconds
     explore: list = field(default_factory=list)    # per measured batch: best, stalled batches, share at random
+    online_seconds: float = 0.0     # XGBoost beside the KB (--online-weight): training, features, prediction
+    online_blended: int = 0         # candidates it helped rank (after its warm-up)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -88,12 +93,13 @@ class TCLCostModel(PyCostModel):
     (settings: `fine_tune_params`, over params.yaml ``tune.fine_tune``). `way`: how traces become
     features (tcl.tuner.traces.CandidateFeatures: "library", "steps" or "python"). `explore`:
     settings of tcl.tuner.explore (`explore_params()`'s), its draws seeded by `seed`; None or a
-    share_max of 0: off.
+    share_max of 0: off. `online`: settings of tcl.tuner.online (`online_params()`'s); None or a
+    weight of 0: off.
     """
 
     def __init__(self, model, family: str | None = None, threads: int = 2, fine_tune: bool = False,
                  fine_tune_params: dict | None = None, way: str = "library", explore: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, online: dict | None = None):
         super().__init__()
         self.threads = threads
         self.stats = PredictStats()
@@ -101,6 +107,7 @@ class TCLCostModel(PyCostModel):
         self.explore = Exploration(explore, seed) if explore and float(explore["share_max"]) > 0 else None
         if self.explore is not None:
             self.stats.explore = self.explore.history
+        self.online = OnlineModel(online, threads) if online and float(online["weight"]) > 0 else None
         if fine_tune:
             from tcl.tuner.fine_tune import CheckpointNeeded, KBFineTuner
 
@@ -131,7 +138,15 @@ class TCLCostModel(PyCostModel):
 
     def update(self, context, candidates, results) -> None:
         self.stats.measured += len(candidates)
-        if (self.fine_tuner is None and self.explore is None) or not candidates:
+        if not candidates:
+            return
+        if self.online is not None:
+            self.online.observe(context, candidates, results)
+            self.stats.online_seconds = self.online.seconds
+            if self.online.ready:  # XGBoost retrained: the blended scores kept are its old ones
+                self._scores.clear()
+                self._held.clear()
+        if self.fine_tuner is None and self.explore is None:
             return
         latency = np.array([_mean_latency(r) for r in results], np.float64)
         task = _task_key(context)
@@ -174,6 +189,8 @@ class TCLCostModel(PyCostModel):
             x, mask = self.features([candidates[i] for i in rows])
             t1 = time.perf_counter()
             scores = positive_scores(self.predictor.predict(x, mask))
+            if self.online is not None:
+                scores = self.online.apply(context, [candidates[i] for i in rows], scores)
             if task is not None:
                 scores = self.explore.apply(task, scores)
             t2 = time.perf_counter()
@@ -192,6 +209,8 @@ class TCLCostModel(PyCostModel):
         st.candidates_scored += n
         st.cached += n - len(todo)
         st.predict_seconds += time.perf_counter() - start
+        if self.online is not None:
+            st.online_seconds, st.online_blended = self.online.seconds, self.online.blended
         return out
 
 

@@ -29,6 +29,7 @@ from tcl.collect.measure import (FAILED_RUN_SECS, GuardedRunner, MeasureSettings
 from tcl.hardware import Platform, host_mismatch, local_cpu_model, require_measurable
 from tcl.io import atomic_write_json
 from tcl.tuner.explore import explore_for
+from tcl.tuner.online import online_for
 
 TRIALS_PER_ITER = 64  # MetaSchedule's default batch of candidates measured together
 # MetaSchedule's evolutionary search as TVM ships it (EvolutionarySearch's defaults); params.yaml
@@ -107,7 +108,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
          model: str | None = None, seed: int = 0, rpc: RpcSettings | None = None,
          settings: MeasureSettings | None = None, progress: bool = True,
          trials_per_iter: int = TRIALS_PER_ITER, fine_tune: bool = False, search: dict | None = None,
-         fine_tune_settings: dict | None = None, explore: dict | None = None) -> dict:
+         fine_tune_settings: dict | None = None, explore: dict | None = None,
+         online: dict | None = None) -> dict:
     """Tune `tasks` on `platform` with `trials` measurements in all; the result dict of `tcl tune`
     (tasks with best latency and trials, weighted latency, seconds, the cost model's counters)
     plus ``curves`` (per task: trials, seconds, best after each batch) and ``stats``.
@@ -115,7 +117,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     `fine_tune`: the KB (cost model tcl) fine-tunes on the run's measurements after each batch.
     `search`: settings of MetaSchedule's evolutionary search over `search_params()`'s;
     `fine_tune_settings`: the fine-tuning's over `fine_tune_params()`'s; `explore`: the KB's
-    exploration (tcl.tuner.explore.explore_for: tcl's over params.yaml's; a peer refuses one). Cost model
+    exploration (tcl.tuner.explore.explore_for: tcl's over params.yaml's; a peer refuses one); `online`:
+    XGBoost learning beside the KB (tcl.tuner.online.online_for, the same way). Cost model
     tcl without `model` serves the family's registered KB (`tcl.registry.default_kb_uri`: its
     @production version, else its @candidate with a note in ``warnings``); ``model`` is the one used."""
     use_x86_intrinsics_only()
@@ -130,6 +133,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
     settings = settings or MeasureSettings()
     search = search_params(search)
     explore = explore_for(cost_model, explore)
+    online = online_for(cost_model, online)
     out = Path(out)
     # the search's threads: the target's cores, else the threads the platform measures with
     cores = max(1, int(platform.target.get("num-cores") or platform.threads or 1))
@@ -141,7 +145,7 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         model, note = default_kb_uri(platform.family)
         warnings += [note] if note else []
     cm, stats = make_cost_model(cost_model, model, platform.family, seed, threads=cores, fine_tune=fine_tune,
-                                fine_tune_settings=fine_tune_settings, explore=explore)
+                                fine_tune_settings=fine_tune_settings, explore=explore, online=online)
     runner = GuardedRunner(platform.threads or 1, settings, rpc)  # an unreachable tracker fails here
     builder = make_builder(settings)
     database = open_database(out)
@@ -151,7 +155,8 @@ def tune(platform: Platform, tasks: list[TuneTask], trials: int, cost_model: str
         "platform": platform.name, "family": platform.family, "target": platform.target,
         "threads": platform.threads, "cost_model": cost_model, "model": model, "fine_tune": fine_tune,
         "fine_tune_params": _fine_tune_params(fine_tune_settings) if fine_tune else None, "trials": trials,
-        "trials_per_iter": per_iter, "seed": seed, "settings": settings.as_dict(), "search": search, "explore": explore, "tasks": [t.name for t in tasks],
+        "trials_per_iter": per_iter, "seed": seed, "settings": settings.as_dict(), "search": search, "explore": explore,
+        "online": online, "tasks": [t.name for t in tasks],
         "rpc": None if rpc is None else {"tracker": f"{rpc.tracker_host}:{rpc.tracker_port}", "key": rpc.key},
         "tvm_version": _tvm_version(),
         "host_cpu": local_cpu,
