@@ -804,7 +804,9 @@ def test_tune_with_xgboost_beside_the_kb_blends_once_it_has_trained(kb, tmp_path
     result = tune(get_platform(PLATFORM), [task], 16, "tcl", tmp_path / "db", model=str(kb), progress=False,
                   trials_per_iter=4, settings=MeasureSettings(repeat=1, min_repeat_ms=0), online=online)
     assert result["tasks"][0]["trials"] == 16 and result["stats"]["measured"] == 16
-    assert result["stats"]["online_seconds"] > 0 and result["stats"]["online_blended"] > 0
+    s = result["stats"]
+    assert s["online_train_seconds"] > 0 and s["online_blended"] > 0
+    assert 0 < s["online_score_seconds"] < s["predict_seconds"]
     assert json.loads((tmp_path / "db" / "tune.json").read_text())["online"] == online_params(online)
     res = CliRunner().invoke(main, ["tune", "--platform", PLATFORM, "--trials", "8", "--workload", "dense_64",
                                     "--cost-model", "xgb", "--online-weight", "0.5", "--out", str(tmp_path / "x"),

@@ -69,12 +69,13 @@ def run(args) -> None:
             row = {"task": workload, "name": args.name, "cost_model": args.cost_model, "seed": seed,
                    "model": model, "search": used["search"], "fine_tune_params": used["fine_tune_params"],
                    "trials": args.trials, "curve": result["curves"][workload], "seconds": result["seconds"],
-                   "candidates_scored": result["candidates_scored"], "predict_seconds": result["predict_seconds"]}
+                   "candidates_scored": result["candidates_scored"], "predict_seconds": result["predict_seconds"],
+                   "update_seconds": result["stats"].get("update_seconds")}
             if used.get("explore") and used["explore"]["share_max"] > 0:  # its settings and readings
                 row.update(explore=used["explore"], explore_readings=result["stats"]["explore"])
             if used.get("online") and used["online"]["weight"] > 0:
-                row.update(online=used["online"], online_seconds=result["stats"]["online_seconds"],
-                           online_blended=result["stats"]["online_blended"])
+                row.update(online=used["online"], **{k: result["stats"][k] for k in (
+                    "online_train_seconds", "online_score_seconds", "online_blended")})
             with out.open("a") as f:  # one line a run: a crash loses at most the run under way
                 f.write(json.dumps(row) + "\n")
             print(workload, args.name, seed, f"{row['curve']['best'][-1] * 1e6:.2f} us", f"{row['seconds']:.0f} s",

@@ -64,7 +64,8 @@ class PredictStats:
     update_seconds: float = 0.0     # in them: features, training, export, new session
     fine_tune: list = field(default_factory=list)  # per update: measured, loss before/after, seconds
     explore: list = field(default_factory=list)    # per measured batch: best, stalled batches, share at random
-    online_seconds: float = 0.0     # XGBoost beside the KB (--online-weight): training, features, prediction
+    online_train_seconds: float = 0.0  # XGBoost beside the KB (--online-weight): in update, training
+    online_score_seconds: float = 0.0  # in predict (of predict_seconds): its features, prediction, blend
     online_blended: int = 0         # candidates it helped rank (after its warm-up)
 
     def as_dict(self) -> dict:
@@ -142,7 +143,7 @@ class TCLCostModel(PyCostModel):
             return
         if self.online is not None:
             self.online.observe(context, candidates, results)
-            self.stats.online_seconds = self.online.seconds
+            self.stats.online_train_seconds = self.online.train_seconds
             if self.online.ready:  # XGBoost retrained: the blended scores kept are its old ones
                 self._scores.clear()
                 self._held.clear()
@@ -210,7 +211,7 @@ class TCLCostModel(PyCostModel):
         st.cached += n - len(todo)
         st.predict_seconds += time.perf_counter() - start
         if self.online is not None:
-            st.online_seconds, st.online_blended = self.online.seconds, self.online.blended
+            st.online_score_seconds, st.online_blended = self.online.score_seconds, self.online.blended
         return out
 
 

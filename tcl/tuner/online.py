@@ -78,8 +78,9 @@ class OnlineModel:
         self.warmup = int(params["warmup"])
         self.model = ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=self.warmup)
         self.measured = 0
-        self.blended = 0    # candidates whose score took XGBoost's rank into account
-        self.seconds = 0.0  # in observe (training) and apply (per-store features, prediction)
+        self.blended = 0          # candidates whose score took XGBoost's rank into account
+        self.train_seconds = 0.0  # in observe: XGBoost's features of the batch and its training
+        self.score_seconds = 0.0  # in apply: per-store features of the chunk, prediction, blend
 
     @property
     def ready(self) -> bool:
@@ -89,7 +90,7 @@ class OnlineModel:
         start = time.perf_counter()
         self.model.update(context, candidates, results)
         self.measured += len(candidates)
-        self.seconds += time.perf_counter() - start
+        self.train_seconds += time.perf_counter() - start
 
     def apply(self, context, candidates, scores: np.ndarray) -> np.ndarray:
         """`scores` (one chunk, the KB's) blended with XGBoost's ranking; unchanged (the same
@@ -100,5 +101,5 @@ class OnlineModel:
         online = np.asarray(self.model.predict(context, candidates), np.float64)
         out = blend_ranks(scores, online, self.weight)
         self.blended += len(scores)
-        self.seconds += time.perf_counter() - start
+        self.score_seconds += time.perf_counter() - start
         return out
