@@ -84,7 +84,9 @@ class OnlineModel:
 
     @property
     def ready(self) -> bool:
-        return self.measured >= self.warmup
+        # XGBModel's own test: before it, its predict is uniform noise (a candidate whose
+        # per-store features are empty never enters data_size, so `measured` can run ahead)
+        return self.model.data_size >= self.warmup and self.model.booster is not None
 
     def observe(self, context, candidates, results) -> None:
         start = time.perf_counter()
