@@ -813,3 +813,35 @@ def test_tune_with_xgboost_beside_the_kb_blends_once_it_has_trained(kb, tmp_path
                                     "--no-progress"])
     assert res.exit_code == 2 and "--online-weight is for --cost-model tcl" in res.output
     assert not (tmp_path / "x").exists()
+
+
+def test_bench_fine_tune_replays_a_run_s_updates_per_thread_count(kb_checkpoint, tmp_path):
+    """`tcl bench fine-tune`: the updates of a run replayed on a feature file's programs, once per
+    torch thread count; more threads give the same weights (the same final loss), and the
+    process's own torch setting is back after each update."""
+    import torch
+
+    from tcl.features import FeatureSet, featurize_file
+    from tcl.records.ingest import ingest
+    from tcl.tuner.fine_tune import KBFineTuner
+
+    ingest(fixture_path("metaschedule/dense_256"), PLATFORM, tmp_path / "d.parquet")
+    featurize_file(tmp_path / "d.parquet", tmp_path / "d.npz", max_len=48)
+    before = torch.get_num_threads()
+    proc = run_tcl("bench", "fine-tune", "--model", kb_checkpoint, "--data", tmp_path / "d.npz", "--trials", 24,
+                   "--trials-per-iter", 8, "--threads", "1,2", "--json")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    one, two = report["runs"]
+    assert (one["threads"], two["threads"]) == (1, 2) and one["updates"] == two["updates"] == 3
+    assert one["speedup"] == 1.0 and two["speedup"] > 0 and two["seconds"] > 0
+    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
+    assert "1-thread baseline" in proc.stderr
+    too_many = run_tcl("bench", "fine-tune", "--model", kb_checkpoint, "--data", tmp_path / "d.npz",
+                       "--trials", 100000, check=False)
+    assert too_many.returncode == 1 and "fewer than --trials 100000" in too_many.stderr
+
+    tuner = KBFineTuner.from_source(kb_checkpoint, FAMILY, {"threads": 2})
+    fs = FeatureSet.load(tmp_path / "d.npz")
+    tuner.add("t", fs.x[:16], fs.mask[:16], fs.latency[:16])
+    tuner.update()
+    assert torch.get_num_threads() == before

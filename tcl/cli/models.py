@@ -309,6 +309,30 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, wor
 
 
 
+@bench.command("fine-tune")
+@click.option("--model", required=True, help="The KB's checkpoint (models:/ URI, checkpoint file or directory).")
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A feature file (.npz) whose measured programs stand in for a run's.")
+@click.option("--trials", default=256, show_default=True, help="Programs handed to the fine-tuner in all.")
+@click.option("--trials-per-iter", default=16, show_default=True, help="Programs per update.")
+@click.option("--threads", default="1,2", show_default=True,
+              help="Comma-separated torch thread counts; the first is the baseline.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON line last.")
+def bench_fine_tune_cmd(model, data, trials, trials_per_iter, threads, seed, as_json):
+    """Seconds of a tuning run's fine-tuning updates, per torch thread count (tcl.bench.fine_tune)."""
+    from tcl.bench.fine_tune import bench_fine_tune, format_fine_tune
+
+    try:
+        report = bench_fine_tune(model, data, trials, trials_per_iter,
+                                 tuple(int(t) for t in threads.split(",") if t.strip()), seed)
+    except (KeyError, ValueError) as exc:
+        raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
+    click.echo(format_fine_tune(report), err=as_json)
+    if as_json:
+        click.echo(json.dumps(report))
+
+
 @bench.command("tune")
 @click.option("--platform", "platform_name", default="znver4-avx512-t2", show_default=True)
 @click.option("--workload", default="dense_128_768_768", show_default=True,

@@ -34,7 +34,7 @@ DEFAULT_FINE_TUNE = {
     "batch_size": 512,    # programs per step, drawn from all measurements so far
     "loss": "lambdarank",  # tcl.losses: per-task ranking, as training
     "seed": 0,
-    "threads": 1,         # torch threads: the builder and runner share the cores
+    "threads": 1,         # torch threads (params.yaml: 2, as the update runs between batches)
 }
 
 
@@ -80,7 +80,6 @@ class KBFineTuner:
         self.model, self.family, self.source = model, family, source
         self.p = fine_tune_params(params)
         self.loss_fn = get_loss(self.p["loss"])
-        torch.set_num_threads(int(self.p["threads"]))
         self.optimizer = torch.optim.Adam([q for q in model.net.parameters() if q.requires_grad],
                                           lr=float(self.p["lr"]))
         self.rng = np.random.default_rng(int(self.p["seed"]))
@@ -148,6 +147,16 @@ class KBFineTuner:
 
         if len(self) < 2:
             return None
+        threads = torch.get_num_threads()  # the process's setting, given back after the update
+        torch.set_num_threads(int(self.p["threads"]))
+        try:
+            return self._update()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _update(self) -> bytes | None:
+        import torch
+
         start = time.perf_counter()
         x, mask, y, task = self.measured()
         before = self.loss()

@@ -1,0 +1,63 @@
+"""`tcl bench fine-tune`: what the KB's fine-tuning updates (`tcl tune --fine-tune`) cost a run.
+
+A tuning run with `--fine-tune` calls `KBFineTuner.update` after every measured batch: `steps`
+Adam steps on every measurement so far, then an ONNX export. Inside a 256-trial run on 2 cores
+those updates took 6.5-15 % of the run's wall time (docs/tuning.md), more than predict itself.
+This replays a run's updates outside tuning, on real programs of a feature file: `trials`
+programs drawn at random (seeded), handed to the fine-tuner `trials_per_iter` at a time as one
+task's measurements, an update after each hand-over, once per torch thread count asked for; the
+first count is the baseline the others are compared with, in the same process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def bench_fine_tune(model: str, data: str, trials: int = 256, trials_per_iter: int = 16,
+                    threads: tuple[int, ...] = (1, 2), seed: int = 0) -> dict:
+    """Per thread count: the updates' seconds (train, export), the final loss; and each count's
+    speedup over the first."""
+    from tcl.features import FeatureSet
+    from tcl.hardware import family_of
+    from tcl.tuner.fine_tune import KBFineTuner
+
+    fs = FeatureSet.load(data)
+    ok = np.flatnonzero(np.isfinite(fs.latency) & (fs.latency > 0))
+    if len(ok) < trials:
+        raise ValueError(f"{data}: {len(ok)} measured programs, fewer than --trials {trials}")
+    rows = np.sort(np.random.default_rng(seed).choice(ok, trials, replace=False))
+    order = np.random.default_rng(seed + 1).permutation(rows)  # the order a run would measure them in
+    family = family_of(fs.platform)
+    runs = []
+    for n_threads in threads:
+        tuner = KBFineTuner.from_source(model, family, {"threads": int(n_threads), "seed": seed})
+        seconds = 0.0
+        for start in range(0, trials, trials_per_iter):
+            batch = order[start:start + trials_per_iter]
+            tuner.add("bench", fs.x[batch], fs.mask[batch], fs.latency[batch])
+            t0 = time.perf_counter()
+            tuner.update()
+            seconds += time.perf_counter() - t0
+        h = tuner.history
+        runs.append({"threads": int(n_threads), "updates": len(h), "seconds": seconds,
+                     "train_seconds": sum(u["train_seconds"] for u in h),
+                     "export_seconds": sum(u["export_seconds"] for u in h),
+                     "final_loss": tuner.loss()})
+    base = runs[0]["seconds"]
+    for r in runs:
+        r["speedup"] = base / r["seconds"] if r["seconds"] else None
+    return {"model": str(model), "data": str(data), "platform": fs.platform, "trials": trials,
+            "trials_per_iter": trials_per_iter, "seed": seed, "runs": runs}
+
+
+def format_fine_tune(report: dict) -> str:
+    lines = [f"{report['trials']} programs of {report['data']} ({report['platform']}), "
+             f"{report['trials_per_iter']} a batch: the updates of a {report['trials']}-trial `tcl tune --fine-tune` run"]
+    for r in report["runs"]:
+        lines.append(f"  torch threads {r['threads']}: {r['updates']} updates in {r['seconds']:.2f} s "
+                     f"(train {r['train_seconds']:.2f} s, export {r['export_seconds']:.2f} s), final loss "
+                     f"{r['final_loss']:.6f}, {r['speedup']:.2f}x the {report['runs'][0]['threads']}-thread baseline")
+    return "\n".join(lines)
