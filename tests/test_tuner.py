@@ -348,6 +348,9 @@ def test_bench_tune_end_to_end(kb, kb_checkpoint, tmp_path):
     assert all(a["loss_after"] <= a["loss_before"] for a in attempts)
     swapped = sum(a["loss_after"] < a["loss_before"] for a in attempts)
     assert report["cost_model"]["fine_tune_updates"] == swapped
+    cm = report["cost_model"]  # the whole share counts the fine-tuning attempts, swapped or not
+    assert cm["update_seconds"] > 0 and cm["share_with_updates"] == pytest.approx(
+        cm["share_of_tuning"] * (cm["predict_seconds"] + cm["update_seconds"]) / cm["predict_seconds"])
     assert report["runs"]["tcl/seed0"]["stats"]["fine_tune"] == []
     assert json.loads((tmp_path / "tcl-ft-seed0" / "tune.json").read_text())["fine_tune"] is True
     assert json.loads((tmp_path / "tcl-seed0" / "tune.json").read_text())["fine_tune"] is False
