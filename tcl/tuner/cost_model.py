@@ -57,7 +57,7 @@ class PredictStats:
     predict_seconds: float = 0.0    # wall time inside predict
     steps_seconds: float = 0.0      # trace -> steps
     features_seconds: float = 0.0   # steps -> (x, mask)
-    score_seconds: float = 0.0      # onnxruntime
+    score_seconds: float = 0.0      # onnxruntime (with --online-weight, XGBoost's share too: online_score_seconds)
     measured: int = 0               # candidates whose measurements update() was handed
     path: str = ""                  # trace -> features: "library" (one pass), "steps" or "python"
     updates: int = 0                # fine-tuning updates (the model swapped)
