@@ -187,11 +187,12 @@ class TCLCostModel(PyCostModel):
         for a in range(0, len(todo), CHUNK):
             rows = todo[a:a + CHUNK]
             t0 = time.perf_counter()
-            x, mask = self.features([candidates[i] for i in rows])
+            chunk = [candidates[i] for i in rows]
+            x, mask = self.features(chunk)
             t1 = time.perf_counter()
             scores = positive_scores(self.predictor.predict(x, mask))
             if self.online is not None:
-                scores = self.online.apply(context, [candidates[i] for i in rows], scores)
+                scores = self.online.apply(context, chunk, scores)
             if task is not None:
                 scores = self.explore.apply(task, scores)
             t2 = time.perf_counter()

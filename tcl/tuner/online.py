@@ -77,7 +77,6 @@ class OnlineModel:
         self.weight = float(params["weight"])
         self.warmup = int(params["warmup"])
         self.model = ms.cost_model.XGBModel(num_tuning_cores=threads, num_warmup_samples=self.warmup)
-        self.measured = 0
         self.blended = 0          # candidates whose score took XGBoost's rank into account
         self.train_seconds = 0.0  # in observe: XGBoost's features of the batch and its training
         self.score_seconds = 0.0  # in apply: per-store features of the chunk, prediction, blend
@@ -85,13 +84,13 @@ class OnlineModel:
     @property
     def ready(self) -> bool:
         # XGBModel's own test: before it, its predict is uniform noise (a candidate whose
-        # per-store features are empty never enters data_size, so `measured` can run ahead)
+        # per-store features are empty never enters data_size, so a count of the candidates
+        # handed to it could run ahead)
         return self.model.data_size >= self.warmup and self.model.booster is not None
 
     def observe(self, context, candidates, results) -> None:
         start = time.perf_counter()
         self.model.update(context, candidates, results)
-        self.measured += len(candidates)
         self.train_seconds += time.perf_counter() - start
 
     def apply(self, context, candidates, scores: np.ndarray) -> np.ndarray:
