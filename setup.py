@@ -4,6 +4,9 @@ without a compiler the install still succeeds and the pure-Python paths run.
 * ``tcl/_ortops*.so``: the onnxruntime operator library, a plain shared object that onnxruntime
   loads (``SessionOptions.register_custom_ops_library``), not a Python extension module; without
   it ``tcl.serving`` runs the exported standard-op graph instead of the fused scan.
+* ``tcl/_scan_grad*.so``: the Mamba selective scan's forward and backward for torch training on
+  CPU (``tcl/csrc/scan_grad.cc``), a plain shared object loaded with ctypes by
+  ``tcl.models.scans``; without it training runs the scan as torch ops (``scan_method`` "fast").
 * ``tcl/records/_trace_steps*.so``: the MetaSchedule trace walker in C (a Python extension);
   without it ``tcl.records.metaschedule`` walks traces in Python: the same steps, ~1.5x the CPU a record.
 * ``tcl/_traces*.so``: a batch of MetaSchedule candidates' traces -> their steps in one TVM FFI
@@ -38,9 +41,21 @@ setup(ext_modules=[
     Extension(
         "tcl._ortops",
         sources=["tcl/csrc/ortops.cc"],
+        depends=["tcl/csrc/scan_row.h"],
         language="c++",
         # no FP-exception semantics: lets the compiler turn the clamps into vector min/max (AVX2: ~5x)
         extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-fno-trapping-math"],
+        optional=True,
+    ),
+    Extension(
+        "tcl._scan_grad",
+        sources=["tcl/csrc/scan_grad.cc"],
+        depends=["tcl/csrc/scan_row.h"],
+        language="c++",
+        # -fopenmp-simd: the pragmas that vectorise the backward's dot products; no OpenMP runtime
+        extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-fno-trapping-math", "-fopenmp-simd",
+                            "-pthread"],
+        extra_link_args=["-pthread"],
         optional=True,
     ),
     Extension("tcl.records._trace_steps", sources=["tcl/records/trace_steps.c"], optional=True),

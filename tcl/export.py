@@ -160,6 +160,13 @@ def export_bytes(model, family: str, source_run: str | None = None, opset: int |
     slow onnxruntime kernels into equivalent fast ones (:func:`rewrite_softplus`); the parity
     check runs on the rewritten graph.
     """
+    return _export_proto(model, family, source_run, opset, checkpoint_sha256, fast_ops).SerializeToString()
+
+
+def _export_proto(model, family: str, source_run: str | None = None, opset: int | None = None,
+                  checkpoint_sha256: str = "", fast_ops: bool = True, check: bool = True):
+    """`export_bytes` as an onnx ModelProto; `check` False skips the parity check (the graph is
+    still run through onnx's checker)."""
     import onnx
 
     if not model.onnx_export:
@@ -174,7 +181,8 @@ def export_bytes(model, family: str, source_run: str | None = None, opset: int |
     proto = onnx.load_from_string(raw)
     if fast_ops and rewrite_softplus(proto):
         raw = proto.SerializeToString()
-    _check_parity(model, raw, n_features, max_len)
+    if check:
+        _check_parity(model, raw, n_features, max_len)
     props = {
         "family": family,
         "feature_version": str(model.feature_meta.get("feature_version", "")),
@@ -194,7 +202,114 @@ def export_bytes(model, family: str, source_run: str | None = None, opset: int |
         entry.key, entry.value = k, v
     proto.producer_name = "tcl"
     onnx.checker.check_model(proto)
-    return proto.SerializeToString()
+    return proto
+
+
+class Reexporter:
+    """`export_bytes` of one model again and again as its weights change (the tuner's fine-tuning
+    serves its KB anew after every update), without tracing it again.
+
+        reexport = Reexporter(model, family)   # one full export, checked
+        ...                                    # train model.net
+        onnx_bytes = reexport()                # the same graph with the current weights
+
+    A full export traces the net (~0.1 s), checks it against torch on onnxruntime (~0.03 s) and
+    reads params.yaml; an update's weights change nothing but the graph's initializers. Here the
+    net is traced once more, as a copy whose weights are their own positions (exact float32
+    integers from 2^22): an initializer that is a slice, a transpose or a copy of weights then
+    reads as the positions it gathers, and every call gathers the current weights into that
+    graph. It is kept where, with the real weights, it is the full export byte for byte
+    (`exact`), or else passes the same parity check against torch (the exporter merges
+    initializers that happen to be equal, e.g. an untrained net's ones, which the positions
+    never are: a graph every later weight fits). Where neither holds (the exporter computed an
+    initializer from weights) every call is a full export (`swaps` False).
+    """
+
+    _OFFSET = 1 << 22  # positions + offset: exact float32 integers no graph constant comes near
+
+    def __init__(self, model, family: str, source_run: str | None = None):
+        self.model, self.family, self.source_run = model, family, source_run
+        first = _export_proto(model, family, source_run)
+        self.opset = int(dict((e.key, e.value) for e in first.metadata_props)["opset"])
+        self.exact = False
+        self.template, self.gathers = self._weight_map(first)
+        self.swaps = self.template is not None
+
+    def __call__(self) -> bytes:
+        if self.template is None:
+            return export_bytes(self.model, self.family, self.source_run, self.opset)
+        return _gather_weights(self.template, self.gathers, _flat_weights(self.model.net)).SerializeToString()
+
+    def _weight_map(self, first):
+        """(the positions' graph, per top-level initializer its gather index or None for a
+        constant), or (None, None) where that graph does not serve the real weights."""
+        import copy
+
+        import onnx
+        from onnx import numpy_helper
+
+        probe = copy.deepcopy(self.model)
+        n_weights = _flat_weights(probe.net).size
+        if n_weights >= (1 << 24) - self._OFFSET:
+            return None, None  # positions no longer exact in float32
+        positions = np.arange(n_weights, dtype=np.float32) + self._OFFSET
+        offset = 0
+        for value in probe.net.state_dict().values():
+            if value.is_floating_point():
+                n = value.numel()
+                value.copy_(_torch().from_numpy(positions[offset:offset + n].reshape(tuple(value.shape))))
+                offset += n
+        try:
+            template = _export_proto(probe, self.family, self.source_run, self.opset, check=False)
+        except ExportError:
+            return None, None
+        gathers = []
+        for init in template.graph.initializer:
+            if init.data_type != onnx.TensorProto.FLOAT:
+                gathers.append(None)  # weights are float32: shapes, indices
+                continue
+            seen = numpy_helper.to_array(init).astype(np.float64)
+            index = seen - self._OFFSET
+            gathered = (index >= 0) & (index < n_weights) & (index == np.round(index))
+            if not gathered.any():
+                gathers.append(None)  # a constant of the graph (or computed: the checks below tell)
+            elif gathered.all():
+                gathers.append(index.astype(np.int64))
+            else:
+                return None, None
+        data = _gather_weights(template, gathers, _flat_weights(self.model.net)).SerializeToString()
+        if data == first.SerializeToString():
+            self.exact = True
+            return template, gathers
+        meta = self.model.feature_meta
+        try:
+            _check_parity(self.model, data, int(meta.get("n_features", self.model.n_features)), int(meta["max_len"]))
+        except ExportError:
+            return None, None
+        return template, gathers
+
+
+def _gather_weights(template, gathers: list, flat: np.ndarray):
+    """`template` with each gathered initializer set to `flat` at its positions (in place)."""
+    from onnx import numpy_helper
+
+    for init, index in zip(template.graph.initializer, gathers):
+        if index is not None:
+            init.CopyFrom(numpy_helper.from_array(flat[index], init.name))
+    return template
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _flat_weights(net) -> np.ndarray:
+    """Every floating tensor of the net's state_dict, in its order, as one float32 vector."""
+    parts = [v.detach().reshape(-1).to(dtype=_torch().float32).numpy()
+             for v in net.state_dict().values() if v.is_floating_point()]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 def export_model(model, out_path: str | os.PathLike, family: str, source_run: str | None = None,

@@ -217,6 +217,35 @@ def test_softplus_rewrite_is_exact():
     assert y[-5] == 0.0 and y[-4] == np.inf
 
 
+@pytest.mark.parametrize("kind", ["mamba", "mlp"])
+def test_reexport_writes_each_update_s_weights_into_one_traced_graph(kind):
+    """Reexporter (the fine-tuning tuner's export after every update): after the weights change,
+    its bytes are the full export's byte for byte (a trained net), and an untrained net (equal
+    initializers the exporter merges) gets a graph whose scores follow its weights."""
+    import torch
+
+    from tcl.export import Reexporter, export_bytes
+    from tcl.models import new_model
+    from tcl.serving import Predictor
+
+    torch.manual_seed(0)
+    model = new_model(kind, F, CONFIG if kind == "mamba" else {"hidden": 16, "n_layers": 2}, feature_meta())
+    untrained = Reexporter(model, "fam")
+    assert untrained.swaps
+    x, mask = real_shaped(9, seed=3)
+    for trained in (False, True):
+        reexport = Reexporter(model, "fam") if trained else untrained
+        with torch.no_grad():
+            for q in model.net.parameters():
+                q.add_(0.05 * torch.randn_like(q))
+        data = reexport()
+        np.testing.assert_allclose(Predictor(data, source="reexport").predict(x, mask), model.predict(x, mask),
+                                   rtol=1e-4, atol=1e-5)
+        if trained:  # every weight distinct: nothing merged, the traced graph is the export's
+            assert reexport.exact
+            assert data == export_bytes(model, "fam", None, reexport.opset)
+
+
 def test_export_failure_leaves_target_untouched(tmp_path):
     out = tmp_path / "kb.onnx"
     out.write_bytes(b"previous export")

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from tcl.models.mamba import Mamba
 from tcl.models.scans import (
+    fused_scan_available,
+    scan_fused_tm,
     scan_parallel_tm,
     scan_sequential_tm,
     scan_unrolled_tm,
@@ -56,7 +58,7 @@ def test_reference_scan_is_the_recurrence():
     torch.testing.assert_close(got.double(), _loop_recurrence(u, delta, A, B, C), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["fast", "parallel", "unrolled"])
+@pytest.mark.parametrize("method", ["fused", "fast", "parallel", "unrolled"])
 @pytest.mark.parametrize("big_dt", [False, True])
 def test_scans_match_reference(method, big_dt):
     u, delta, A, B, C, D, z, dbias = _scan_inputs(big_dt=big_dt)
@@ -66,12 +68,12 @@ def test_scans_match_reference(method, big_dt):
     assert torch.isfinite(got).all()
 
 
-@pytest.mark.parametrize("fn", [scan_sequential_tm, scan_parallel_tm, scan_unrolled_tm])
+@pytest.mark.parametrize("fn", [scan_fused_tm, scan_sequential_tm, scan_parallel_tm, scan_unrolled_tm])
 def test_scan_padding_at_end_does_not_touch_real_steps(fn):
     u, delta, A, B, C, *_ = _scan_inputs(batch=2, E=8, N=4, L=20, seed=3)
     delta = F.softplus(delta)
     tm = lambda t: t.permute(2, 0, 1).contiguous()  # noqa: E731 - (b, *, L) -> (L, b, *)
-    kw = {} if fn is scan_sequential_tm else {"max_len": 32}
+    kw = {} if fn in (scan_sequential_tm, scan_fused_tm) else {"max_len": 32}
     full = fn(tm(u), tm(delta), A, tm(B), tm(C), **kw)
     # garbage in the last 7 steps ("padding") must leave the first 13 outputs unchanged
     u2, d2, B2 = u.clone(), delta.clone(), B.clone()
@@ -182,23 +184,24 @@ def test_block_forward_paths_agree_and_train():
     x = torch.randn(3, 19, 32)
     outs = {}
     with torch.no_grad():
-        for m in ("ref", "fast", "parallel", "unrolled"):
+        for m in ("ref", "fused", "fast", "parallel", "unrolled"):
             block.scan_method = m
             outs[m] = block(x)
         block.scan_method = "fast"
         tm = block(x.transpose(0, 1).contiguous(), time_major=True).transpose(0, 1)
-    for m in ("fast", "parallel", "unrolled"):
+    for m in ("fused", "fast", "parallel", "unrolled"):
         torch.testing.assert_close(outs[m], outs["ref"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tm, outs["ref"], rtol=1e-5, atol=1e-5)
-    # gradients of the fast (training) path equal the reference path's
+    # gradients of the training paths equal the reference path's
     grads = {}
-    for m in ("ref", "fast"):
+    for m in ("ref", "fused", "fast"):
         block.zero_grad()
         block.scan_method = m
         block(x).pow(2).mean().backward()
         grads[m] = {k: p.grad.clone() for k, p in block.named_parameters()}
-    for k in grads["ref"]:
-        torch.testing.assert_close(grads["fast"][k], grads["ref"][k], rtol=1e-4, atol=1e-6)
+    for m in ("fused", "fast"):
+        for k in grads["ref"]:
+            torch.testing.assert_close(grads[m][k], grads["ref"][k], rtol=1e-4, atol=1e-6)
 
 
 def test_block_is_causal():
@@ -261,6 +264,44 @@ def test_cuda_matches_cpu():
         want = model(xs, mask)
         got = model.cuda()(xs.cuda(), mask.cuda()).cpu()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_scan_is_built_where_the_operator_library_is():
+    """setup.py builds both C++ libraries with the same compiler: one without the other is a
+    broken build, not a machine without a compiler (the fused scan would silently fall back)."""
+    from tcl.models.mamba_onnx import fused_library
+
+    assert fused_scan_available() == (fused_library() is not None)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fused_scan_gradients_match_the_exact_backward(threads):
+    """scan_fused_tm's C++ backward against _SelectiveScanFn's (exact: gradcheck below) in float64,
+    over lengths (one step, odd) and batches split over more threads than rows."""
+    from tcl.models.scans import _SelectiveScanFn
+
+    if not fused_scan_available():
+        pytest.skip("tcl/csrc/scan_grad.cc not built (no C++ compiler)")
+    g = torch.Generator().manual_seed(threads)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for L, b, E, N in [(1, 2, 3, 2), (7, 1, 5, 3), (13, 5, 16, 8), (30, 9, 32, 4)]:
+            u = torch.randn(L, b, E, generator=g)
+            d = torch.rand(L, b, E, generator=g) * 2
+            A = -3 * torch.rand(E, N, generator=g)
+            B, C = torch.randn(L, b, N, generator=g), torch.randn(L, b, N, generator=g)
+            gy = torch.randn(L, b, E, generator=g)
+            grads = []
+            for fn, dtype in ((scan_fused_tm, torch.float32), (_SelectiveScanFn.apply, torch.float64)):
+                leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (u, d, A, B, C)]
+                y = fn(*leaves)
+                (y * gy.to(dtype)).sum().backward()
+                grads.append([y.detach().double()] + [t.grad.double() for t in leaves])
+            for name, got, want in zip(("y", "u", "delta", "A", "B", "C"), *grads):
+                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"{name} at L={L} b={b}")
+    finally:
+        torch.set_num_threads(prev)
 
 
 def test_scan_backward_gradcheck():

@@ -94,10 +94,10 @@ def test_mamba_net_scan_methods_agree():
     x, mask = _inputs(4, 10, seed=5)
     outs = {}
     with torch.no_grad():
-        for m in ("ref", "fast", "parallel", "unrolled", "loop"):
+        for m in ("ref", "fused", "fast", "parallel", "unrolled", "loop"):
             model.set_scan_method(m)
             outs[m] = model(x, mask)
-    for m in ("fast", "parallel", "unrolled"):
+    for m in ("fused", "fast", "parallel", "unrolled"):
         torch.testing.assert_close(outs[m], outs["ref"], rtol=1e-5, atol=1e-5)
 
 

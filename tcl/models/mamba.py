@@ -6,7 +6,9 @@ shapes and official initialisation), so a ``state_dict`` loads strictly in both 
 The selective scans live in ``tcl.models.scans`` and the ONNX placeholders in
 ``tcl.models.onnx_placeholders``; the one switch here (``Mamba._method``) picks:
 
-* ``fast`` -- the sequential time-major CPU scan (training and inference);
+* ``fused`` -- on CPU where ``tcl/csrc/scan_grad.cc`` is built: the sequential time-major scan,
+  forward and backward, in C++ (training and inference; ~3.5x the torch ops' speed);
+* ``fast`` -- the same scan as torch ops (CPU without the library; the fallback);
 * ``loop`` -- under the TorchScript ONNX exporter (``tcl.models.nets.export_onnx``): placeholder
   nodes that ``tcl.models.mamba_onnx`` lowers to an ONNX ``Scan`` over exactly the input's steps
   and ``tcl.runtime`` fuses back into TCL's onnxruntime operators;
@@ -29,12 +31,13 @@ from torch import nn
 
 from tcl.models.onnx_placeholders import (causal_conv1d_placeholder, causal_conv_shifted,
                                           selective_scan_placeholder)
-from tcl.models.scans import (dynamo_exporting, exporting, scan_parallel_tm, scan_sequential_tm,
+from tcl.models.scans import (dynamo_exporting, exporting, fused_scan_available, scan_fused_tm,
+                              scan_parallel_tm, scan_sequential_tm,
                               scan_unrolled_tm, selective_scan_ref)
 
 __all__ = ["Mamba", "exporting", "SCAN_METHODS"]
 
-SCAN_METHODS = ("auto", "fast", "parallel", "unrolled", "loop", "ref", "cuda")
+SCAN_METHODS = ("auto", "fused", "fast", "parallel", "unrolled", "loop", "ref", "cuda")
 UNROLL_MAX = 128  # export unrolled up to this max_len, as a doubling scan beyond
 
 # ---------------------------------------------------------------------------------------------
@@ -67,9 +70,11 @@ class Mamba(nn.Module):
     and returns (L, batch, d_model), the layout the CPU fast path computes in.
     ``scan_method``: ``auto`` (CUDA kernels when available on CUDA tensors; ``loop`` under the
     TorchScript ONNX exporter, ``unrolled`` or ``parallel`` by ``max_len`` under torch.export;
-    else ``fast``), or force ``fast`` | ``parallel`` | ``unrolled`` | ``loop`` | ``ref`` | ``cuda``.
+    else ``fused`` where its library is built, ``fast`` where not), or force ``fused`` | ``fast`` |
+    ``parallel`` | ``unrolled`` | ``loop`` | ``ref`` | ``cuda``.
     ``max_len`` bounds the sequence length of the unrolled/parallel export forms (and picks
-    between them); None: the length traced at export.  ``fast``, ``loop`` and ``ref`` have no bound.
+    between them); None: the length traced at export.  ``fused``, ``fast``, ``loop`` and ``ref``
+    have no bound.
     """
 
     def __init__(
@@ -159,7 +164,7 @@ class Mamba(nn.Module):
             return "unrolled" if self._export_len(L) <= UNROLL_MAX else "parallel"
         if x.is_cuda and _load_cuda_kernels()[0] is not None:
             return "cuda"
-        return "fast"
+        return "fused" if fused_scan_available() and not x.is_cuda else "fast"
 
     def _export_len(self, traced_len) -> int:
         """Length bound of the export forms: max_len, else the traced length (a plain int under
@@ -231,6 +236,8 @@ class Mamba(nn.Module):
             y = scan_parallel_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "unrolled":
             y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
+        elif method == "fused":
+            y = scan_fused_tm(xc, delta, A, Bm, Cm)
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:

@@ -80,6 +80,18 @@ def _norm(kind: str, dim: int) -> nn.Module:
     raise ValueError(f"norm must be 'rms' or 'layer', not {kind!r}")
 
 
+def _valid_lens(mask: torch.Tensor) -> torch.Tensor:
+    """Per row, one past its last valid step (0 for a row with none)."""
+    m = mask.bool()
+    L = m.shape[1]
+    return torch.where(m.any(1), L - m.flip(1).int().argmax(1), 0)
+
+
+def _valid_len(mask: torch.Tensor) -> int:
+    """One past the last valid step of any row."""
+    return int(_valid_lens(mask).max()) if mask.shape[0] else 0
+
+
 def _masked_mean(h: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
     """Mean of h over `dim` where m (same rank, float, size-1 last dim) is 1."""
     return (h * m).sum(dim) / m.sum(dim).clamp(min=1.0)
@@ -140,9 +152,13 @@ class MambaNet(nn.Module):
 
     def pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The pooled representation (B, d_model) the head scores."""
-        if (x.is_cuda or exporting() or x.shape[0] == 0
-                or (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))):
+        if x.is_cuda or exporting() or x.shape[0] == 0:
             return self._pool(x, mask)
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            # training: cropped to the batch's longest row (a task's programs are often well
+            # under max_len); the steps after it are masked out, so they change no score or gradient
+            n = max(1, _valid_len(mask))
+            return self._pool(x[:, :n], mask[:, :n])
         return self._pool_blocks(x, mask)
 
     def _pool_blocks(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -154,8 +170,7 @@ class MambaNet(nn.Module):
         if rows is None:
             rows = min(512, max(64, 128 * torch.get_num_threads()))
         rows = rows or bs
-        m = mask.bool()
-        lengths = torch.where(m.any(1), L - m.flip(1).int().argmax(1), 0)
+        lengths = _valid_lens(mask)
         if bs <= rows:  # one block: crop, no reordering
             n = max(1, int(lengths.max()))
             return self._pool(x[:, :n], mask[:, :n])

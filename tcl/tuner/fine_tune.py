@@ -90,6 +90,7 @@ class KBFineTuner:
         self.tasks: dict[str, int] = {}
         self.history: list[dict] = []  # per update: measured, loss before/after, seconds
         self._start = _state(model.net)  # the weights the next update starts from
+        self._reexport = None  # tcl.export.Reexporter, made by the first export
 
     @classmethod
     def from_source(cls, model: str | os.PathLike, family: str, params: dict | None = None) -> "KBFineTuner":
@@ -198,9 +199,14 @@ class KBFineTuner:
         return data
 
     def export(self) -> bytes:
-        from tcl.export import export_bytes
+        """The net as ONNX bytes: traced and checked on the first call, later ones write the
+        current weights into that graph (tcl.export.Reexporter: the same bytes a full export
+        gives, ~0.4 ms instead of ~0.2 s an update)."""
+        if self._reexport is None:
+            from tcl.export import Reexporter
 
-        return export_bytes(self.model, self.family, source_run=str(self.model.extra.get("run_id") or ""))
+            self._reexport = Reexporter(self.model, self.family, str(self.model.extra.get("run_id") or ""))
+        return self._reexport()
 
 
 def _state(net) -> dict:
