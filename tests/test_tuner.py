@@ -818,10 +818,11 @@ def test_tune_with_xgboost_beside_the_kb_blends_once_it_has_trained(kb, tmp_path
     assert not (tmp_path / "x").exists()
 
 
-def test_bench_fine_tune_replays_a_run_s_updates_per_thread_count(kb_checkpoint, tmp_path):
+def test_bench_fine_tune_replays_a_run_s_updates_per_setup(kb_checkpoint, tmp_path):
     """`tcl bench fine-tune`: the updates of a run replayed on a feature file's programs, once per
-    torch thread count; more threads give the same weights (the same final loss), and the
-    process's own torch setting is back after each update."""
+    setup (threads x scan x export, the first the baseline); every setup learns the same (the
+    final loss: threads and the torch/C++ scans differ by float rounding, the exports not at
+    all), and the process's own torch setting is back after each update."""
     import torch
 
     from tcl.features import FeatureSet, featurize_file
@@ -832,13 +833,20 @@ def test_bench_fine_tune_replays_a_run_s_updates_per_thread_count(kb_checkpoint,
     featurize_file(tmp_path / "d.parquet", tmp_path / "d.npz", max_len=48)
     before = torch.get_num_threads()
     proc = run_tcl("bench", "fine-tune", "--model", kb_checkpoint, "--data", tmp_path / "d.npz", "--trials", 24,
-                   "--trials-per-iter", 8, "--threads", "1,2", "--json")
+                   "--trials-per-iter", 8, "--threads", "1,2", "--scan", "fast,fused", "--export", "full", "--json")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    one, two = report["runs"]
-    assert (one["threads"], two["threads"]) == (1, 2) and one["updates"] == two["updates"] == 3
-    assert one["speedup"] == 1.0 and two["speedup"] > 0 and two["seconds"] > 0
-    assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-4)
-    assert "1-thread baseline" in proc.stderr
+    setups = [(r["threads"], r["scan"], r["export"]) for r in report["runs"]]
+    assert setups == [(1, "fast", "full"), (1, "fused", "full"), (2, "fast", "full"), (2, "fused", "full")]
+    base = report["runs"][0]
+    assert base["speedup"] == 1.0 and all(r["updates"] == 3 and r["seconds"] > 0 for r in report["runs"])
+    for r in report["runs"]:
+        assert r["final_loss"] == pytest.approx(base["final_loss"], rel=1e-4)
+    assert "the baseline (1, fast, full)" in proc.stderr
+    exports = json.loads(run_tcl("bench", "fine-tune", "--model", kb_checkpoint, "--data", tmp_path / "d.npz",
+                                 "--trials", 16, "--trials-per-iter", 8, "--threads", "1", "--scan", "fused",
+                                 "--json").stdout.strip().splitlines()[-1])["runs"]
+    assert [r["export"] for r in exports] == ["full", "reexport"]
+    assert exports[1]["final_loss"] == exports[0]["final_loss"]
     too_many = run_tcl("bench", "fine-tune", "--model", kb_checkpoint, "--data", tmp_path / "d.npz",
                        "--trials", 100000, check=False)
     assert too_many.returncode == 1 and "fewer than --trials 100000" in too_many.stderr

@@ -210,7 +210,7 @@ def bench():
 @click.option("--device", default="cpu", show_default=True,
               help="torch device of the nets, e.g. cuda (xgb stays on the CPU).")
 @click.option("--scan", default="auto", show_default=True,
-              help="Mamba scan method: auto, fast, ref, cuda (mamba-ssm's kernel), ...")
+              help="Mamba scan method: auto, fused (C++), fast (torch ops), ref, cuda (mamba-ssm's kernel), ...")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
 def bench_train_cmd(names, data, samples, params_path, device, scan, as_json):
     """Training samples/s of each model side by side (one short timed run each)."""
@@ -315,17 +315,24 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, wor
               help="A feature file (.npz) whose measured programs stand in for a run's.")
 @click.option("--trials", default=256, show_default=True, help="Programs handed to the fine-tuner in all.")
 @click.option("--trials-per-iter", default=16, show_default=True, help="Programs per update.")
-@click.option("--threads", default="1,2", show_default=True,
-              help="Comma-separated torch thread counts; the first is the baseline.")
+@click.option("--threads", default="2", show_default=True, help="Comma-separated torch thread counts.")
+@click.option("--scan", "scans", default="fast,fused", show_default=True,
+              help="Comma-separated Mamba scans: fused (C++) and/or fast (torch ops).")
+@click.option("--export", "exports", default="full,reexport", show_default=True,
+              help="Comma-separated exports after an update: full (traced each time) and/or reexport.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON line last.")
-def bench_fine_tune_cmd(model, data, trials, trials_per_iter, threads, seed, as_json):
-    """Seconds of a tuning run's fine-tuning updates, per torch thread count (tcl.bench.fine_tune)."""
+def bench_fine_tune_cmd(model, data, trials, trials_per_iter, threads, scans, exports, seed, as_json):
+    """Seconds of a tuning run's fine-tuning updates per setup: every combination of --threads,
+    --scan and --export, the first the baseline (tcl.bench.fine_tune)."""
     from tcl.bench.fine_tune import bench_fine_tune, format_fine_tune
 
+    def items(text):
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+
     try:
-        report = bench_fine_tune(model, data, trials, trials_per_iter,
-                                 tuple(int(t) for t in threads.split(",") if t.strip()), seed)
+        report = bench_fine_tune(model, data, trials, trials_per_iter, tuple(int(t) for t in items(threads)),
+                                 seed, items(scans), items(exports))
     except (KeyError, ValueError) as exc:
         raise click.ClickException(exc.args[0] if exc.args else str(exc)) from None
     click.echo(format_fine_tune(report), err=as_json)

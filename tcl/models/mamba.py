@@ -38,6 +38,7 @@ from tcl.models.scans import (dynamo_exporting, exporting, fused_scan_available,
 __all__ = ["Mamba", "exporting", "SCAN_METHODS"]
 
 SCAN_METHODS = ("auto", "fused", "fast", "parallel", "unrolled", "loop", "ref", "cuda")
+EAGER_CPU_METHODS = ("fused", "fast")  # no graph to export: under the exporters, "auto" picks
 UNROLL_MAX = 128  # export unrolled up to this max_len, as a doubling scan beyond
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +156,8 @@ class Mamba(nn.Module):
 
     def _method(self, x: torch.Tensor, time_major: bool) -> str:
         m = self.scan_method
-        if m != "auto":
-            return m
+        if m != "auto" and not (m in EAGER_CPU_METHODS and exporting()):
+            return m  # fused/fast are eager scans: an export of a net set to one traces its export form
         if torch.onnx.is_in_onnx_export() and not dynamo_exporting():
             return "loop"  # the TorchScript exporter: an ONNX Scan loop (tcl.models.mamba_onnx)
         if exporting():

@@ -250,11 +250,6 @@ def fuse_selective_scan(proto) -> int:
 def fused_library() -> Path | None:
     """Path of TCL's onnxruntime operator library (built by ``pip install`` from
     ``tcl/csrc/ortops.cc``), or None where it was not built (no C++ compiler)."""
-    import importlib.machinery
+    from tcl import compiled_library
 
-    here = Path(__file__).resolve().parents[1]
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"_ortops{suffix}"
-        if p.is_file():
-            return p
-    return None
+    return compiled_library("_ortops")

@@ -26,14 +26,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from tcl import compiled_library
+
 __all__ = ["selective_scan_ref", "selective_scan", "scan_sequential_tm", "scan_fused_tm", "scan_parallel_tm",
-           "scan_unrolled_tm", "exporting", "dynamo_exporting", "compiled_library", "fused_scan_available"]
+           "scan_unrolled_tm", "exporting", "dynamo_exporting", "fused_scan_available"]
 
 _LOG2E = 1.4426950408889634
 
@@ -218,19 +219,6 @@ def scan_sequential_tm(
         return _SelectiveScanFn.apply(u.contiguous(), delta.contiguous(), A.contiguous(),
                                       B.contiguous(), C.contiguous())
     return _scan_forward(u, delta, A, B, C)[0]
-
-
-def compiled_library(stem: str) -> Path | None:
-    """Path of one of tcl's compiled shared objects (``tcl/<stem>*.so``, built by ``pip install``;
-    setup.py), or None where it was not built (no C++ compiler)."""
-    import importlib.machinery
-
-    here = Path(__file__).resolve().parents[1]
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = here / f"{stem}{suffix}"
-        if p.is_file():
-            return p
-    return None
 
 
 @functools.lru_cache(maxsize=1)
