@@ -41,7 +41,7 @@ setup(ext_modules=[
     Extension(
         "tcl._ortops",
         sources=["tcl/csrc/ortops.cc"],
-        depends=["tcl/csrc/scan_row.h"],
+        depends=["tcl/csrc/mamba_ops.h"],
         language="c++",
         # no FP-exception semantics: lets the compiler turn the clamps into vector min/max (AVX2: ~5x)
         extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-fno-trapping-math"],
@@ -50,7 +50,7 @@ setup(ext_modules=[
     Extension(
         "tcl._scan_grad",
         sources=["tcl/csrc/scan_grad.cc"],
-        depends=["tcl/csrc/scan_row.h"],
+        depends=["tcl/csrc/mamba_ops.h"],
         language="c++",
         # -fopenmp-simd: the pragmas that vectorise the backward's dot products; no OpenMP runtime
         extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden", "-fno-trapping-math", "-fopenmp-simd",

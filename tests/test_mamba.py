@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from tcl.models.mamba import Mamba
+from tcl.models.fused_ops import available as fused_scan_available
+from tcl.models.fused_ops import scan_fused_tm
 from tcl.models.scans import (
-    fused_scan_available,
-    scan_fused_tm,
     scan_parallel_tm,
     scan_sequential_tm,
     scan_unrolled_tm,
@@ -300,6 +300,37 @@ def test_fused_scan_gradients_match_the_exact_backward(threads):
                 grads.append([y.detach().double()] + [t.grad.double() for t in leaves])
             for name, got, want in zip(("y", "u", "delta", "A", "B", "C"), *grads):
                 torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"{name} at L={L} b={b}")
+    finally:
+        torch.set_num_threads(prev)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fused_conv_matches_the_torch_conv_and_its_gradients(threads, with_bias):
+    """conv_silu_fused_tm (C++ forward and backward) against silu(causal_conv_shifted) in float64:
+    lengths shorter than the kernel, one row, more threads than rows."""
+    from tcl.models.fused_ops import conv_silu_fused_tm
+    from tcl.models.onnx_placeholders import causal_conv_shifted
+
+    if not fused_scan_available():
+        pytest.skip("tcl/csrc/scan_grad.cc not built (no C++ compiler)")
+    g = torch.Generator().manual_seed(threads)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for L, b, E, K in [(1, 2, 3, 4), (3, 1, 5, 4), (13, 5, 16, 4), (30, 9, 32, 2)]:
+            x, w = torch.randn(L, b, E, generator=g), torch.randn(K, E, generator=g)
+            bias = torch.randn(E, generator=g) if with_bias else None
+            gy = torch.randn(L, b, E, generator=g)
+            results = []
+            for fn, dtype in ((conv_silu_fused_tm, torch.float32),
+                              (lambda *a: F.silu(causal_conv_shifted(*a)), torch.float64)):
+                leaves = [None if t is None else t.detach().to(dtype).clone().requires_grad_() for t in (x, w, bias)]
+                y = fn(*leaves)
+                (y * gy.to(dtype)).sum().backward()
+                results.append([y.detach().double()] + [t.grad.double() for t in leaves if t is not None])
+            for got, want in zip(*results):
+                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"L={L} b={b}")
     finally:
         torch.set_num_threads(prev)
 

@@ -310,6 +310,14 @@ def test_bench_train_times_each_model():
     assert [r["model"] for r in rows] == ["mlp", "xgb"]
     assert all(r["samples_per_s"] > 0 and r["n_samples"] == 128 for r in rows)
     assert "mlp" in format_table(rows)
+    # several scans: a Mamba row each, the first the baseline; the other models once
+    rows = bench_train(["mamba-kb", "mlp"], n_samples=64, n_features=F, scan=("fast", "fused"),
+                       params={"models": {"mamba": {"kb": {"d_model": 8, "n_layers": 1, "d_state": 2, "expand": 1,
+                                                           "d_conv": 4}}, "mlp": MLP},
+                               "featurize": {"max_len": L}, "train": {"batch_size": 32}})
+    assert [(r["model"], r["scan"]) for r in rows] == [("mamba-kb", "fast"), ("mamba-kb", "fused"), ("mlp", None)]
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0 and rows[2]["speedup"] is None
+    assert "vs first scan" in format_table(rows)
 
 
 def test_cli_train_presets_file_supplies_the_mamba_config(tmp_path, monkeypatch):

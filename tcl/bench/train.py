@@ -129,10 +129,12 @@ def _bench_xgb(config: dict, data: _Arrays, threads: int, rounds: int = 10) -> d
 
 def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | None = None,
                 n_features: int | None = None, threads: int = 2, device: str = "cpu",
-                scan: str = "auto") -> list[dict]:
+                scan: str | tuple[str, ...] = "auto") -> list[dict]:
     """One row per model: {model, kind, samples_per_s, seconds, n_params, size_mb, n_samples, shape,
     device}. `device` is a torch device for the nets ("cuda" on a GPU); xgb always runs on the CPU. `scan`
-    forces the Mamba scan method (tcl.models.mamba: fast, ref, cuda, ...; auto = the block's choice)."""
+    forces the Mamba scan method (tcl.models.mamba: fused, fast, ref, cuda, ...; auto = the block's
+    choice); several (a tuple) give a Mamba model one row each, with `speedup` over the first."""
+    scans = (scan,) if isinstance(scan, str) else tuple(scan)
     from tcl.models import model_class
     from tcl.models.nets import NetCostModel
 
@@ -150,25 +152,31 @@ def bench_train(names=MODELS, fs=None, n_samples: int = 4096, params: dict | Non
             raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
         kind, config = _config(name, params)
         is_net = issubclass(model_class(kind), NetCostModel)
-        if is_net:
-            r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
-                           device, scan)
-        else:  # boosted trees: rounds, not epochs, timed as one full fit
-            r = _bench_xgb(config, data, threads)
-        rows.append({"model": name, "kind": kind, "n_samples": len(data),
-                     "shape": list(data.x.shape[1:]), "threads": threads,
-                     "device": str(device) if is_net else "cpu", "scan": scan if kind == "mamba" else None, **r,
-                     "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
+        first = None
+        for method in scans if kind == "mamba" else scans[:1]:
+            if is_net:
+                r = _bench_net(kind, config, data, int(train["batch_size"]), float(train["lr"]), threads,
+                               device, method)
+            else:  # boosted trees: rounds, not epochs, timed as one full fit
+                r = _bench_xgb(config, data, threads)
+            first = first or r["seconds"]
+            rows.append({"model": name, "kind": kind, "n_samples": len(data),
+                         "shape": list(data.x.shape[1:]), "threads": threads,
+                         "device": str(device) if is_net else "cpu", "scan": method if kind == "mamba" else None,
+                         **r, "speedup": first / r["seconds"] if kind == "mamba" and len(scans) > 1 else None,
+                         "loadavg": os.getloadavg()[0]})  # other load on the cores skews the numbers
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'model':10s} {'samples/s':>11s} {'seconds':>9s} {'params':>10s} {'MB':>7s}"
+    head = f"{'model':10s} {'scan':6s} {'samples/s':>11s} {'seconds':>9s} {'params':>10s} {'MB':>7s} {'vs first scan':>13s}"
     lines = [head, "-" * len(head)]
     for r in rows:
         params = f"{r['n_params']:,d}" if r.get("n_params") is not None else "-"
         size = f"{r['size_mb']:.2f}" if r.get("size_mb") is not None else "-"
-        lines.append(f"{r['model']:10s} {r['samples_per_s']:11.0f} {r['seconds']:9.2f} {params:>10s} {size:>7s}")
+        ratio = f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"
+        lines.append(f"{r['model']:10s} {r.get('scan') or '-':6s} {r['samples_per_s']:11.0f} {r['seconds']:9.2f} "
+                     f"{params:>10s} {size:>7s} {ratio:>13s}")
     if rows:
         lines.append(f"({rows[0]['n_samples']} programs of shape {tuple(rows[0]['shape'])}, "
                      f"{rows[0]['threads']} threads, nets on {rows[0]['device']}, load average {max(r['loadavg'] for r in rows):.2f}; "

@@ -210,7 +210,8 @@ def bench():
 @click.option("--device", default="cpu", show_default=True,
               help="torch device of the nets, e.g. cuda (xgb stays on the CPU).")
 @click.option("--scan", default="auto", show_default=True,
-              help="Mamba scan method: auto, fused (C++), fast (torch ops), ref, cuda (mamba-ssm's kernel), ...")
+              help="Mamba scan method: auto, fused (C++), fast (torch ops), ref, cuda (mamba-ssm's kernel), ...; "
+                   "comma-separated: a row each, the first the baseline (e.g. fast,fused).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON line last.")
 def bench_train_cmd(names, data, samples, params_path, device, scan, as_json):
     """Training samples/s of each model side by side (one short timed run each)."""
@@ -219,7 +220,8 @@ def bench_train_cmd(names, data, samples, params_path, device, scan, as_json):
 
     fs = load_sets([data])[0] if data else None
     rows = bench_train([n.strip() for n in names.split(",") if n.strip()], fs=fs, n_samples=samples,
-                       params=_params(params_path), device=device, scan=scan)
+                       params=_params(params_path), device=device,
+                       scan=tuple(m.strip() for m in scan.split(",") if m.strip()))
     click.echo(format_table(rows))
     if as_json:
         click.echo(json.dumps(json_safe(rows)))

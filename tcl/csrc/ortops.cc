@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "scan_row.h"
+#include "mamba_ops.h"
 
 namespace {
 
@@ -114,30 +114,6 @@ struct Api {
     return call<OrtStatus*(int, const char*)>(kCreateStatus, code, msg);
   }
 };
-
-// The causal conv over all steps and rows: y[t, r] = act(bias + sum_k w_k * x[t-K+1+k, r]).
-TCL_VECTOR_CLONES
-void causal_conv(int64_t L, int64_t b, int64_t E, int64_t K, const float* __restrict x,
-                 const float* __restrict w, const float* __restrict bias, bool silu, float* __restrict y) {
-  for (int64_t t = 0; t < L; ++t) {
-    for (int64_t row = 0; row < b; ++row) {
-      float* out = y + (t * b + row) * E;
-      if (bias) {
-        std::copy(bias, bias + E, out);
-      } else {
-        std::fill(out, out + E, 0.0f);
-      }
-      for (int64_t k = std::max<int64_t>(0, K - 1 - t); k < K; ++k) {
-        const float* xs = x + ((t - (K - 1 - k)) * b + row) * E;
-        const float* wk = w + k * E;
-        for (int64_t e = 0; e < E; ++e) out[e] += wk[e] * xs[e];
-      }
-      if (silu) {
-        for (int64_t e = 0; e < E; ++e) out[e] = out[e] / (1.0f + exp_f(-out[e]));
-      }
-    }
-  }
-}
 
 // ---- the operators ----------------------------------------------------------------------------
 
@@ -266,7 +242,7 @@ OrtStatus* run_causal_conv1d(const Kernel& k, Tensor* in, OrtKernelContext* ctx)
   if (OrtStatus* s = check_shapes(k, in, {nullptr, nullptr, &want_bias})) return s;
   float* y = nullptr;
   if (OrtStatus* s = output(k, ctx, sx, &y)) return s;
-  causal_conv(L, b, E, K, in[0].data, in[1].data, in[2].data, k.flag != 0, y);
+  causal_conv(L, b, E, K, 0, b, in[0].data, in[1].data, in[2].data, k.flag != 0, y);
   return nullptr;
 }
 

@@ -1,5 +1,6 @@
-// The Mamba selective scan for torch training on CPU: forward and backward, each one pass over
-// a row's steps with its state in L1 (tcl.models.scans.scan_fused_tm loads this with ctypes).
+// The Mamba block's sequence ops for torch training on CPU, forward and backward, each one pass
+// over the data (tcl.models.scans loads this with ctypes): the selective scan (a row's state in
+// L1 for all its steps) and the depthwise causal conv with its SiLU.
 //
 //   h_t = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t,   h_{-1} = 0
 //   y_t = C_t . h_t
@@ -23,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "scan_row.h"
+#include "mamba_ops.h"
 
 namespace {
 
@@ -113,6 +114,45 @@ void scan_grad_row(const Dims d, int64_t row, const float* __restrict u, const f
   }
 }
 
+// The conv's pre-activation gradient of one step and row: g * silu'(a), a = bias + sum_k w_k x_{t-K+1+k}
+// recomputed (silu'(a) = s (1 + a (1 - s)), s = sigmoid(a)); also accumulates gw (K, E), gbias (E).
+TCL_VECTOR_CLONES
+void conv_grad_rows(int64_t L, int64_t b, int64_t E, int64_t K, int64_t first, int64_t last,
+                    const float* __restrict x, const float* __restrict w, const float* __restrict bias,
+                    const float* __restrict gy, float* __restrict gx, float* __restrict gw,
+                    float* __restrict gbias, float* __restrict ga) {
+  for (int64_t row = first; row < last; ++row) {
+    for (int64_t t = L - 1; t >= 0; --t) {
+      const int64_t xe = (t * b + row) * E;
+      for (int64_t e = 0; e < E; ++e) ga[e] = bias ? bias[e] : 0.0f;
+      for (int64_t k = std::max<int64_t>(0, K - 1 - t); k < K; ++k) {
+        const float* xs = x + ((t - (K - 1 - k)) * b + row) * E;
+        const float* wk = w + k * E;
+        for (int64_t e = 0; e < E; ++e) ga[e] += wk[e] * xs[e];
+      }
+      const float* g = gy + xe;
+      for (int64_t e = 0; e < E; ++e) {
+        const float a = ga[e];
+        const float sg = 1.0f / (1.0f + exp_f(-a));
+        ga[e] = g[e] * sg * (1.0f + a * (1.0f - sg));
+        gbias[e] += ga[e];
+      }
+      // a_t reads x_{t-K+1+k} through tap k: its gradient goes back there
+      for (int64_t k = std::max<int64_t>(0, K - 1 - t); k < K; ++k) {
+        const int64_t xs_off = ((t - (K - 1 - k)) * b + row) * E;
+        const float* xs = x + xs_off;
+        float* gxs = gx + xs_off;
+        const float* wk = w + k * E;
+        float* gwk = gw + k * E;
+        for (int64_t e = 0; e < E; ++e) {
+          gxs[e] += wk[e] * ga[e];
+          gwk[e] += xs[e] * ga[e];
+        }
+      }
+    }
+  }
+}
+
 // rows [0, b) split into `threads` contiguous ranges, fn(first, last, thread index) on each
 template <class Fn>
 void over_rows(int64_t b, int threads, Fn fn) {
@@ -180,5 +220,39 @@ int tcl_scan_backward(int64_t L, int64_t b, int64_t E, int64_t N, const float* u
       for (int64_t i = 0; i < n_threads; ++i) acc += gA_parts[i * NE + n * E + e];
       gA[e * N + n] = acc;
     }
+  return 0;
+}
+
+// y = silu(bias + sum_k w_k x_{t-K+1+k}) (x_s = 0 for s < 0): x, y (L, b, E); w (K, E); bias (E)
+// or null. Returns 0.
+extern "C" __attribute__((visibility("default")))
+int tcl_conv_forward(int64_t L, int64_t b, int64_t E, int64_t K, const float* x, const float* w,
+                     const float* bias, float* y, int threads) {
+  over_rows(b, threads, [&](int64_t first, int64_t last, int) { causal_conv(L, b, E, K, first, last, x, w, bias, true, y); });
+  return 0;
+}
+
+// The gradients of sum(y * gy) for tcl_conv_forward: gx (L, b, E), gw (K, E), gbias (E) (ignored
+// when null); every output is overwritten. Returns 0.
+extern "C" __attribute__((visibility("default")))
+int tcl_conv_backward(int64_t L, int64_t b, int64_t E, int64_t K, const float* x, const float* w,
+                      const float* bias, const float* gy, float* gx, float* gw, float* gbias, int threads) {
+  std::fill(gx, gx + L * b * E, 0.0f);
+  const int64_t n_threads = std::max<int64_t>(1, std::min<int64_t>(threads, b));
+  // per thread: gw (K, E), gbias (E), the step's pre-activation gradient (E)
+  std::vector<float> parts(static_cast<size_t>(n_threads * (K + 2) * E), 0.0f);
+  over_rows(b, static_cast<int>(n_threads), [&](int64_t first, int64_t last, int i) {
+    float* mine = parts.data() + i * (K + 2) * E;
+    conv_grad_rows(L, b, E, K, first, last, x, w, bias, gy, gx, mine, mine + K * E, mine + (K + 1) * E);
+  });
+  for (int64_t j = 0; j < (K + 1) * E; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n_threads; ++i) acc += parts[i * (K + 2) * E + j];
+    if (j < K * E) {
+      gw[j] = acc;
+    } else if (gbias) {
+      gbias[j - K * E] = acc;
+    }
+  }
   return 0;
 }

@@ -6,8 +6,9 @@ shapes and official initialisation), so a ``state_dict`` loads strictly in both 
 The selective scans live in ``tcl.models.scans`` and the ONNX placeholders in
 ``tcl.models.onnx_placeholders``; the one switch here (``Mamba._method``) picks:
 
-* ``fused`` -- on CPU where ``tcl/csrc/scan_grad.cc`` is built: the sequential time-major scan,
-  forward and backward, in C++ (training and inference; ~3.5x the torch ops' speed);
+* ``fused`` -- on CPU where ``tcl/csrc/scan_grad.cc`` is built: the causal conv with its SiLU and
+  the sequential time-major scan, forward and backward, in C++ (``tcl.models.fused_ops``;
+  training and inference);
 * ``fast`` -- the same scan as torch ops (CPU without the library; the fallback);
 * ``loop`` -- under the TorchScript ONNX exporter (``tcl.models.nets.export_onnx``): placeholder
   nodes that ``tcl.models.mamba_onnx`` lowers to an ONNX ``Scan`` over exactly the input's steps
@@ -31,8 +32,8 @@ from torch import nn
 
 from tcl.models.onnx_placeholders import (causal_conv1d_placeholder, causal_conv_shifted,
                                           selective_scan_placeholder)
-from tcl.models.scans import (dynamo_exporting, exporting, fused_scan_available, scan_fused_tm,
-                              scan_parallel_tm, scan_sequential_tm,
+from tcl.models import fused_ops
+from tcl.models.scans import (dynamo_exporting, exporting, scan_parallel_tm, scan_sequential_tm,
                               scan_unrolled_tm, selective_scan_ref)
 
 __all__ = ["Mamba", "exporting", "SCAN_METHODS"]
@@ -165,7 +166,7 @@ class Mamba(nn.Module):
             return "unrolled" if self._export_len(L) <= UNROLL_MAX else "parallel"
         if x.is_cuda and _load_cuda_kernels()[0] is not None:
             return "cuda"
-        return "fused" if fused_scan_available() and not x.is_cuda else "fast"
+        return "fused" if fused_ops.available() and not x.is_cuda else "fast"
 
     def _export_len(self, traced_len) -> int:
         """Length bound of the export forms: max_len, else the traced length (a plain int under
@@ -221,6 +222,8 @@ class Mamba(nn.Module):
         export = method in ("parallel", "unrolled")  # "loop" returns through its placeholders
         if method == "loop":  # conv + silu as one placeholder node (tcl.CausalConv1d)
             xc = causal_conv1d_placeholder(xi, self.conv1d.weight[:, 0, :].t(), self.conv1d.bias)
+        elif method == "fused":
+            xc = fused_ops.conv_silu_fused_tm(xi, self.conv1d.weight[:, 0, :].t(), self.conv1d.bias)
         else:
             xc = F.silu(self._conv_tm_export(xi) if export else self._conv_tm(xi))
         x_dbl = self.x_proj(xc)  # (L, b, R + 2N)
@@ -238,7 +241,7 @@ class Mamba(nn.Module):
         elif method == "unrolled":
             y = scan_unrolled_tm(xc, delta, A, Bm, Cm, max_len=self._export_len(x.shape[0]))
         elif method == "fused":
-            y = scan_fused_tm(xc, delta, A, Bm, Cm)
+            y = fused_ops.scan_fused_tm(xc, delta, A, Bm, Cm)
         elif method == "fast":
             y = scan_sequential_tm(xc, delta, A, Bm, Cm)
         else:

@@ -10,10 +10,8 @@
   ``exp2`` instead of ``exp`` (about 3x cheaper on AVX-512).  Training goes through
   ``_SelectiveScanFn``: a hand-written backward that recomputes states from sqrt(L)
   checkpoints (exact; memory O(sqrt(L) B N E)).
-* ``scan_fused_tm`` -- the same scan as ``scan_sequential_tm``, forward and backward each one C++
-  pass over a row's steps with its state in cache (``tcl/csrc/scan_grad.cc``, loaded with ctypes;
-  rows over torch's intra-op threads). Where the library is built the Mamba block trains and
-  predicts with it on CPU (``scan_method`` "fused"); the torch ops are the fallback.
+* ``tcl.models.fused_ops.scan_fused_tm`` -- the same scan as ``scan_sequential_tm`` in C++, forward
+  and backward (the Mamba block's default on CPU where the library is built).
 * ``scan_unrolled_tm`` -- export form for short programs: pad to ``max_len`` steps, unrolled
   recurrence, crop back.  Dynamic batch and length (any L <= max_len), per-step tensors only.
 * ``scan_parallel_tm`` -- export form for long programs: a fixed-step doubling (Hillis-Steele)
@@ -23,18 +21,14 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from tcl import compiled_library
-
-__all__ = ["selective_scan_ref", "selective_scan", "scan_sequential_tm", "scan_fused_tm", "scan_parallel_tm",
-           "scan_unrolled_tm", "exporting", "dynamo_exporting", "fused_scan_available"]
+__all__ = ["selective_scan_ref", "selective_scan", "scan_sequential_tm", "scan_parallel_tm",
+           "scan_unrolled_tm", "exporting", "dynamo_exporting"]
 
 _LOG2E = 1.4426950408889634
 
@@ -221,71 +215,6 @@ def scan_sequential_tm(
     return _scan_forward(u, delta, A, B, C)[0]
 
 
-@functools.lru_cache(maxsize=1)
-def _scan_grad_library():
-    path = compiled_library("_scan_grad")
-    if path is None:
-        return None
-    lib = ctypes.CDLL(str(path))
-    i64, f32p, cint = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int
-    lib.tcl_scan_forward.argtypes = [i64] * 4 + [f32p] * 6 + [cint]
-    lib.tcl_scan_backward.argtypes = [i64] * 4 + [f32p] * 11 + [cint]
-    lib.tcl_scan_forward.restype = lib.tcl_scan_backward.restype = cint
-    return lib
-
-
-def fused_scan_available() -> bool:
-    """True where ``tcl/csrc/scan_grad.cc`` was built (``scan_fused_tm`` can run)."""
-    return _scan_grad_library() is not None
-
-
-def _ptr(t: torch.Tensor):
-    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
-
-
-class _FusedScanFn(torch.autograd.Function):
-    """``scan_sequential_tm``'s scan in the C++ library: the forward keeps only its inputs, the
-    backward recomputes each row's states (see scan_grad.cc). ctypes releases the GIL."""
-
-    @staticmethod
-    def forward(ctx, u, delta, A, B, C):
-        ctx.save_for_backward(u, delta, A, B, C)
-        return _fused_forward(u, delta, A, B, C)
-
-    @staticmethod
-    def backward(ctx, gy):
-        u, delta, A, B, C = ctx.saved_tensors
-        L, batch, E = u.shape
-        gy = gy.contiguous()
-        g_u, g_delta, g_A, g_B, g_C = (torch.empty_like(t) for t in (u, delta, A, B, C))
-        _scan_grad_library().tcl_scan_backward(L, batch, E, A.shape[1], _ptr(u), _ptr(delta), _ptr(A), _ptr(B),
-                                               _ptr(C), _ptr(gy), _ptr(g_u), _ptr(g_delta), _ptr(g_A),
-                                               _ptr(g_B), _ptr(g_C), torch.get_num_threads())
-        return g_u, g_delta, g_A, g_B, g_C
-
-
-def scan_fused_tm(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                  C: torch.Tensor) -> torch.Tensor:
-    """``scan_sequential_tm`` (same arguments and result, float rounding apart) by the C++ library;
-    falls back to it where the library is not built or the tensors are not float32 on the CPU."""
-    tensors = (u, delta, A, B, C)
-    if not fused_scan_available() or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return scan_sequential_tm(u, delta, A, B, C)
-    u, delta, A, B, C = (t.contiguous() for t in tensors)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (u, delta, A, B, C)):
-        return _FusedScanFn.apply(u, delta, A, B, C)
-    return _fused_forward(u, delta, A, B, C)
-
-
-def _fused_forward(u, delta, A, B, C) -> torch.Tensor:
-    """y (L, b, E) of contiguous float32 CPU tensors, by the library."""
-    L, batch, E = u.shape
-    y = u.new_empty(L, batch, E)
-    _scan_grad_library().tcl_scan_forward(L, batch, E, A.shape[1], _ptr(u), _ptr(delta), _ptr(A), _ptr(B),
-                                          _ptr(C), _ptr(y), torch.get_num_threads())
-    return y
-
-
 def _shift_time(x: torch.Tensor, d: int, fill: float) -> torch.Tensor:
     """x shifted d steps later along dim 0 (first d entries = fill); same length, any d >= 1."""
     pad = [0, 0] * (x.dim() - 1) + [d, 0]
@@ -391,6 +320,8 @@ def selective_scan(
     if method == "fast":
         y = scan_sequential_tm(u_tm.contiguous(), d_tm.contiguous(), A.float(), B_tm, C_tm)
     elif method == "fused":
+        from tcl.models.fused_ops import scan_fused_tm
+
         y = scan_fused_tm(u_tm, d_tm, A.float(), B_tm, C_tm)
     elif method == "parallel":
         y = scan_parallel_tm(u_tm, d_tm, A.float(), B_tm, C_tm, max_len=max_len)

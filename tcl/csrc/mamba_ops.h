@@ -1,13 +1,14 @@
-// The Mamba selective scan's row kernel and its branch-free math, shared by TCL's onnxruntime
-// operators (ortops.cc: serving) and its torch training kernels (scan_grad.cc).
+// The Mamba block's sequence kernels (the selective scan of a row, the depthwise causal conv) and
+// their branch-free math, shared by TCL's onnxruntime operators (ortops.cc: serving) and its
+// torch training kernels (scan_grad.cc).
 //
 //   h_t = exp(delta_t * A) * h_{t-1} + (delta_t * u_t) * B_t      state (E, N) per row
 //   y_t = (C_t . h_t + D * u_t) * silu(z_t)                       (D and z optional)
 //
 // Everything here has internal linkage: each library compiles its own copy.
 
-#ifndef TCL_CSRC_SCAN_ROW_H_
-#define TCL_CSRC_SCAN_ROW_H_
+#ifndef TCL_CSRC_MAMBA_OPS_H_
+#define TCL_CSRC_MAMBA_OPS_H_
 
 #include <algorithm>
 #include <cmath>
@@ -125,6 +126,30 @@ void scan_row(const Dims d, int64_t row, const float* __restrict u, const float*
   }
 }
 
+// The causal conv over all steps of rows [first, last): y[t, r] = act(bias + sum_k w_k * x[t-K+1+k, r]).
+TCL_VECTOR_CLONES
+void causal_conv(int64_t L, int64_t b, int64_t E, int64_t K, int64_t first, int64_t last, const float* __restrict x,
+                 const float* __restrict w, const float* __restrict bias, bool silu, float* __restrict y) {
+  for (int64_t t = 0; t < L; ++t) {
+    for (int64_t row = first; row < last; ++row) {
+      float* out = y + (t * b + row) * E;
+      if (bias) {
+        std::copy(bias, bias + E, out);
+      } else {
+        std::fill(out, out + E, 0.0f);
+      }
+      for (int64_t k = std::max<int64_t>(0, K - 1 - t); k < K; ++k) {
+        const float* xs = x + ((t - (K - 1 - k)) * b + row) * E;
+        const float* wk = w + k * E;
+        for (int64_t e = 0; e < E; ++e) out[e] += wk[e] * xs[e];
+      }
+      if (silu) {
+        for (int64_t e = 0; e < E; ++e) out[e] = out[e] / (1.0f + exp_f(-out[e]));
+      }
+    }
+  }
+}
+
 }  // namespace
 
-#endif  // TCL_CSRC_SCAN_ROW_H_
+#endif  // TCL_CSRC_MAMBA_OPS_H_
