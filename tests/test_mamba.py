@@ -271,68 +271,65 @@ def test_fused_scan_is_built_where_the_operator_library_is():
     broken build, not a machine without a compiler (the fused scan would silently fall back)."""
     from tcl.models.mamba_onnx import fused_library
 
-    assert fused_scan_available() == (fused_library() is not None)
+    assert fused_scan_available() == (fused_library() is not None), (
+        f"tcl/_ortops built: {fused_library() is not None}, tcl/_scan_grad (tcl/csrc/scan_grad.cc) built: "
+        f"{fused_scan_available()}; `pip install -e .` builds both")
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_fused_scan_gradients_match_the_exact_backward(threads):
-    """scan_fused_tm's C++ backward against _SelectiveScanFn's (exact: gradcheck below) in float64,
-    over lengths (one step, odd) and batches split over more threads than rows."""
-    from tcl.models.scans import _SelectiveScanFn
-
+@pytest.fixture(params=[1, 2, 3])
+def fused_threads(request):
+    """torch's thread count for a fused-op test (rows split over that many threads; 3: more
+    threads than some batches have rows), given back after it; skips where the library is not built."""
     if not fused_scan_available():
         pytest.skip("tcl/csrc/scan_grad.cc not built (no C++ compiler)")
-    g = torch.Generator().manual_seed(threads)
     prev = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for L, b, E, N in [(1, 2, 3, 2), (7, 1, 5, 3), (13, 5, 16, 8), (30, 9, 32, 4)]:
-            u = torch.randn(L, b, E, generator=g)
-            d = torch.rand(L, b, E, generator=g) * 2
-            A = -3 * torch.rand(E, N, generator=g)
-            B, C = torch.randn(L, b, N, generator=g), torch.randn(L, b, N, generator=g)
-            gy = torch.randn(L, b, E, generator=g)
-            grads = []
-            for fn, dtype in ((scan_fused_tm, torch.float32), (_SelectiveScanFn.apply, torch.float64)):
-                leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (u, d, A, B, C)]
-                y = fn(*leaves)
-                (y * gy.to(dtype)).sum().backward()
-                grads.append([y.detach().double()] + [t.grad.double() for t in leaves])
-            for name, got, want in zip(("y", "u", "delta", "A", "B", "C"), *grads):
-                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"{name} at L={L} b={b}")
-    finally:
-        torch.set_num_threads(prev)
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(prev)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+def _fused_against_float64(fused, reference, inputs, gy, names):
+    """Outputs and input gradients of sum(y * gy): `fused` in float32 against `reference` in
+    float64 (None inputs pass through)."""
+    results = []
+    for fn, dtype in ((fused, torch.float32), (reference, torch.float64)):
+        leaves = [None if t is None else t.detach().to(dtype).clone().requires_grad_() for t in inputs]
+        y = fn(*leaves)
+        (y * gy.to(dtype)).sum().backward()
+        results.append([y.detach().double()] + [t.grad.double() for t in leaves if t is not None])
+    for name, got, want in zip(names, *results):
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=name)
+
+
+def test_fused_scan_gradients_match_the_exact_backward(fused_threads):
+    """scan_fused_tm's C++ backward against _SelectiveScanFn's (exact: gradcheck below) in float64,
+    over lengths (one step, odd) and batches of one row to more rows than threads."""
+    from tcl.models.scans import _SelectiveScanFn
+
+    g = torch.Generator().manual_seed(fused_threads)
+    for L, b, E, N in [(1, 2, 3, 2), (7, 1, 5, 3), (13, 5, 16, 8), (30, 9, 32, 4)]:
+        u, d = torch.randn(L, b, E, generator=g), torch.rand(L, b, E, generator=g) * 2
+        A = -3 * torch.rand(E, N, generator=g)
+        B, C = torch.randn(L, b, N, generator=g), torch.randn(L, b, N, generator=g)
+        _fused_against_float64(scan_fused_tm, _SelectiveScanFn.apply, (u, d, A, B, C),
+                               torch.randn(L, b, E, generator=g),
+                               [f"{n} at L={L} b={b}" for n in ("y", "u", "delta", "A", "B", "C")])
+
+
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_fused_conv_matches_the_torch_conv_and_its_gradients(threads, with_bias):
+def test_fused_conv_matches_the_torch_conv_and_its_gradients(fused_threads, with_bias):
     """conv_silu_fused_tm (C++ forward and backward) against silu(causal_conv_shifted) in float64:
     lengths shorter than the kernel, one row, more threads than rows."""
     from tcl.models.fused_ops import conv_silu_fused_tm
     from tcl.models.onnx_placeholders import causal_conv_shifted
 
-    if not fused_scan_available():
-        pytest.skip("tcl/csrc/scan_grad.cc not built (no C++ compiler)")
-    g = torch.Generator().manual_seed(threads)
-    prev = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for L, b, E, K in [(1, 2, 3, 4), (3, 1, 5, 4), (13, 5, 16, 4), (30, 9, 32, 2)]:
-            x, w = torch.randn(L, b, E, generator=g), torch.randn(K, E, generator=g)
-            bias = torch.randn(E, generator=g) if with_bias else None
-            gy = torch.randn(L, b, E, generator=g)
-            results = []
-            for fn, dtype in ((conv_silu_fused_tm, torch.float32),
-                              (lambda *a: F.silu(causal_conv_shifted(*a)), torch.float64)):
-                leaves = [None if t is None else t.detach().to(dtype).clone().requires_grad_() for t in (x, w, bias)]
-                y = fn(*leaves)
-                (y * gy.to(dtype)).sum().backward()
-                results.append([y.detach().double()] + [t.grad.double() for t in leaves if t is not None])
-            for got, want in zip(*results):
-                torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5, msg=f"L={L} b={b}")
-    finally:
-        torch.set_num_threads(prev)
+    g = torch.Generator().manual_seed(fused_threads)
+    for L, b, E, K in [(1, 2, 3, 4), (3, 1, 5, 4), (13, 5, 16, 4), (30, 9, 32, 2)]:
+        x, w = torch.randn(L, b, E, generator=g), torch.randn(K, E, generator=g)
+        bias = torch.randn(E, generator=g) if with_bias else None
+        _fused_against_float64(conv_silu_fused_tm, lambda *a: F.silu(causal_conv_shifted(*a)), (x, w, bias),
+                               torch.randn(L, b, E, generator=g),
+                               [f"{n} at L={L} b={b}" for n in ("y", "x", "w", "bias")])
 
 
 def test_scan_backward_gradcheck():
