@@ -58,7 +58,7 @@ def test_reference_scan_is_the_recurrence():
     torch.testing.assert_close(got.double(), _loop_recurrence(u, delta, A, B, C), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["fused", "fast", "parallel", "unrolled"])
+@pytest.mark.parametrize("method", ["fast", "parallel", "unrolled"])
 @pytest.mark.parametrize("big_dt", [False, True])
 def test_scans_match_reference(method, big_dt):
     u, delta, A, B, C, D, z, dbias = _scan_inputs(big_dt=big_dt)
@@ -303,12 +303,12 @@ def _fused_against_float64(fused, reference, inputs, gy, names):
 
 def test_fused_scan_gradients_match_the_exact_backward(fused_threads):
     """scan_fused_tm's C++ backward against _SelectiveScanFn's (exact: gradcheck below) in float64,
-    over lengths (one step, odd) and batches of one row to more rows than threads."""
+    over lengths (one step, odd), batches of one row to more rows than threads, and large steps."""
     from tcl.models.scans import _SelectiveScanFn
 
     g = torch.Generator().manual_seed(fused_threads)
-    for L, b, E, N in [(1, 2, 3, 2), (7, 1, 5, 3), (13, 5, 16, 8), (30, 9, 32, 4)]:
-        u, d = torch.randn(L, b, E, generator=g), torch.rand(L, b, E, generator=g) * 2
+    for L, b, E, N, dt_max in [(1, 2, 3, 2, 2), (7, 1, 5, 3, 2), (13, 5, 16, 8, 2), (30, 9, 32, 4, 2), (20, 3, 8, 4, 12)]:
+        u, d = torch.randn(L, b, E, generator=g), torch.rand(L, b, E, generator=g) * dt_max  # 12: decays to ~e^-36
         A = -3 * torch.rand(E, N, generator=g)
         B, C = torch.randn(L, b, N, generator=g), torch.randn(L, b, N, generator=g)
         _fused_against_float64(scan_fused_tm, _SelectiveScanFn.apply, (u, d, A, B, C),

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from tcl import compiled_library
+from tcl.models.libraries import compiled_library
 from tcl.models.scans import scan_sequential_tm
 
 __all__ = ["available", "scan_fused_tm", "conv_silu_fused_tm"]

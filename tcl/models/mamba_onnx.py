@@ -250,6 +250,6 @@ def fuse_selective_scan(proto) -> int:
 def fused_library() -> Path | None:
     """Path of TCL's onnxruntime operator library (built by ``pip install`` from
     ``tcl/csrc/ortops.cc``), or None where it was not built (no C++ compiler)."""
-    from tcl import compiled_library
+    from tcl.models.libraries import compiled_library
 
     return compiled_library("_ortops")

@@ -304,8 +304,8 @@ def selective_scan(
     max_len: int = 1024,
 ) -> torch.Tensor:
     """Selective scan in mamba_ssm's layout (see ``selective_scan_ref``) by ``method``:
-    ``ref`` | ``fused`` (sequential, time-major, in C++) | ``fast`` (the same as torch ops) |
-    ``parallel`` (doubling scan) | ``unrolled``."""
+    ``ref`` | ``fast`` (sequential, time-major) | ``parallel`` (doubling scan) | ``unrolled``
+    (``tcl.models.fused_ops.scan_fused_tm``, the C++ scan, takes the time-major layout)."""
     if method == "ref":
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     dtype = u.dtype
@@ -319,10 +319,6 @@ def selective_scan(
     C_tm = C.float().permute(2, 0, 1)
     if method == "fast":
         y = scan_sequential_tm(u_tm.contiguous(), d_tm.contiguous(), A.float(), B_tm, C_tm)
-    elif method == "fused":
-        from tcl.models.fused_ops import scan_fused_tm
-
-        y = scan_fused_tm(u_tm, d_tm, A.float(), B_tm, C_tm)
     elif method == "parallel":
         y = scan_parallel_tm(u_tm, d_tm, A.float(), B_tm, C_tm, max_len=max_len)
     elif method == "unrolled":
