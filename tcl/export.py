@@ -231,8 +231,7 @@ class Reexporter:
         self.model, self.family, self.source_run = model, family, source_run
         first = _export_proto(model, family, source_run)
         self.opset = int(dict((e.key, e.value) for e in first.metadata_props)["opset"])
-        self.exact = False
-        self.template, self.gathers = self._weight_map(first)
+        self.template, self.gathers, self.exact = self._weight_map(first)
         self.swaps = self.template is not None
 
     def __call__(self) -> bytes:
@@ -242,7 +241,8 @@ class Reexporter:
 
     def _weight_map(self, first):
         """(the positions' graph, per top-level initializer its gather index or None for a
-        constant), or (None, None) where that graph does not serve the real weights."""
+        constant, whether it is `first` byte for byte with the real weights), or (None, None,
+        False) where that graph does not serve the real weights."""
         import copy
 
         import onnx
@@ -251,7 +251,7 @@ class Reexporter:
         probe = copy.deepcopy(self.model)
         n_weights = _flat_weights(probe.net).size
         if n_weights >= (1 << 24) - self._OFFSET:
-            return None, None  # positions no longer exact in float32
+            return None, None, False  # positions no longer exact in float32
         positions = np.arange(n_weights, dtype=np.float32) + self._OFFSET
         offset = 0
         for value in probe.net.state_dict().values():
@@ -262,7 +262,7 @@ class Reexporter:
         try:
             template = _export_proto(probe, self.family, self.source_run, self.opset, check=False)
         except ExportError:
-            return None, None
+            return None, None, False
         gathers = []
         for init in template.graph.initializer:
             if init.data_type != onnx.TensorProto.FLOAT:
@@ -276,17 +276,16 @@ class Reexporter:
             elif gathered.all():
                 gathers.append(index.astype(np.int64))
             else:
-                return None, None
+                return None, None, False
         data = _gather_weights(template, gathers, _flat_weights(self.model.net)).SerializeToString()
         if data == first.SerializeToString():
-            self.exact = True
-            return template, gathers
+            return template, gathers, True
         meta = self.model.feature_meta
         try:
             _check_parity(self.model, data, int(meta.get("n_features", self.model.n_features)), int(meta["max_len"]))
         except ExportError:
-            return None, None
-        return template, gathers
+            return None, None, False
+        return template, gathers, False
 
 
 def _gather_weights(template, gathers: list, flat: np.ndarray):

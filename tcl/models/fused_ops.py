@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tcl.models.libraries import compiled_library
+from tcl.models.onnx_placeholders import causal_conv_shifted
 from tcl.models.scans import scan_sequential_tm
 
 __all__ = ["available", "scan_fused_tm", "conv_silu_fused_tm"]
@@ -143,15 +144,9 @@ def conv_silu_fused_tm(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Te
     """silu(bias + sum_k w_k x_{t-K+1+k}) along dim 0 of x (L, b, E), x_s = 0 for s < 0; w (K, E)
     taps, the last one on the current step; bias (E,) or None."""
     if not _native(x, w, bias):
-        return F.silu(_conv_shifted(x, w, bias))
+        return F.silu(causal_conv_shifted(x, w, bias))
     x, w = x.contiguous(), w.contiguous()
     bias = None if bias is None else bias.contiguous()
     if _grad_wanted(x, w, bias):
         return _ConvFn.apply(x, w, bias)
     return _conv_forward(x, w, bias)
-
-
-def _conv_shifted(x, w, bias):
-    from tcl.models.onnx_placeholders import causal_conv_shifted
-
-    return causal_conv_shifted(x, w, bias)
