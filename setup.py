@@ -6,7 +6,7 @@ without a compiler the install still succeeds and the pure-Python paths run.
   it ``tcl.serving`` runs the exported standard-op graph instead of the fused scan.
 * ``tcl/_scan_grad*.so``: the Mamba selective scan's forward and backward for torch training on
   CPU (``tcl/csrc/scan_grad.cc``), a plain shared object loaded with ctypes by
-  ``tcl.models.scans``; without it training runs the scan as torch ops (``scan_method`` "fast").
+  ``tcl.models.fused_ops``; without it training runs the scan as torch ops (``scan_method`` "fast").
 * ``tcl/records/_trace_steps*.so``: the MetaSchedule trace walker in C (a Python extension);
   without it ``tcl.records.metaschedule`` walks traces in Python: the same steps, ~1.5x the CPU a record.
 * ``tcl/_traces*.so``: a batch of MetaSchedule candidates' traces -> their steps in one TVM FFI

@@ -304,8 +304,8 @@ def selective_scan(
     max_len: int = 1024,
 ) -> torch.Tensor:
     """Selective scan in mamba_ssm's layout (see ``selective_scan_ref``) by ``method``:
-    ``ref`` | ``fast`` (sequential, time-major) | ``parallel`` (doubling scan) | ``unrolled``
-    (``tcl.models.fused_ops.scan_fused_tm``, the C++ scan, takes the time-major layout)."""
+    ``ref`` | ``fast`` (sequential, time-major) | ``parallel`` (doubling scan) | ``unrolled``.
+    The C++ scan (``tcl.models.fused_ops.scan_fused_tm``) takes the time-major layout directly."""
     if method == "ref":
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     dtype = u.dtype
