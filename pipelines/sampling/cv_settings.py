@@ -169,8 +169,10 @@ def kb_params(params: dict, override: dict) -> dict:
 
 
 def run_platform(platform: str, params: dict, cv: dict) -> dict:
-    """Every (fold, ratio, candidate, seed) of one platform: its rows and the split's size."""
-    split = f"data/splits/{platform}"
+    """Every (fold, ratio, candidate, seed) of one platform: its rows and the split's size. The
+    split is the main job's (`data/splits/<platform>`) unless the section's `splits:` names
+    another folder for the platform (e.g. a study's larger measured pool)."""
+    split = (cv.get("splits") or {}).get(platform, f"data/splits/{platform}")
     train, valid = load_feature_set(f"{split}/train.npz"), load_feature_set(f"{split}/valid.npz")
     folds = task_folds(len(train.tasks), int(cv["folds"]), int(cv["fold_seed"]))
     wants_kb = {name for name, spec in cv["candidates"].items() if spec.get("model") == "sibling"}
@@ -216,6 +218,16 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             "sibling_kbs": list(kbs.values()), "runs": rows}
 
 
+def pool_parts(platform: str, runs: str) -> dict:
+    """One platform's `run` output: <platform>.json, or its parts <platform>.<part>.json (runs
+    split by ratio or seed) as one, their runs concatenated."""
+    files = sorted(Path(runs).glob(f"{platform}.json")) or sorted(Path(runs).glob(f"{platform}.*.json"))
+    if not files:
+        raise SystemExit(f"cv summary: no {platform}.json or {platform}.<part>.json under {runs}")
+    parts = [json.loads(f.read_text()) for f in files]
+    return {**parts[0], "runs": [r for part in parts for r in part["runs"]]}
+
+
 def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
     """Pool the platforms' runs: the summary JSON and its markdown."""
     rows = [r for res in results for r in res["runs"]]
@@ -239,8 +251,12 @@ def main() -> None:
     run.add_argument("--params", default="params.yaml")
     run.add_argument("--study-params", default="pipelines/sampling/params.yaml")
     run.add_argument("--out", required=True)
+    run.add_argument("--ratios", help="comma-separated: run only these of the section's ratios "
+                                      "(two processes sharing a study; `summary` pools the parts)")
+    run.add_argument("--seeds", help="comma-separated: run only these of the section's seeds")
     summary = sub.add_parser("summary", help="pool the platforms' runs")
-    summary.add_argument("--runs", required=True, help="folder of `run` outputs (<platform>.json)")
+    summary.add_argument("--runs", required=True,
+                         help="folder of `run` outputs (<platform>.json, or parts <platform>.<part>.json)")
     summary.add_argument("--study-params", default="pipelines/sampling/params.yaml")
     summary.add_argument("--out", required=True)
     summary.add_argument("--markdown", required=True)
@@ -249,10 +265,12 @@ def main() -> None:
     a = ap.parse_args()
     cv = load_params(a.study_params)[a.section]
     if a.command == "run":
+        cv = {**cv, **{key: [cast(v) for v in getattr(a, key).split(",")]
+                       for key, cast in (("ratios", float), ("seeds", int)) if getattr(a, key)}}
         atomic_write_json(a.out, run_platform(a.platform, load_params(a.params), cv))
         return
     # the platforms of params.yaml, in its order: a stale file of a dropped platform is not read
-    results = [json.loads(Path(a.runs, f"{p}.json").read_text()) for p in cv["platforms"]]
+    results = [pool_parts(p, a.runs) for p in cv["platforms"]]
     out, text = summarize_platforms(results, cv)
     atomic_write_json(a.out, out)
     atomic_write_text(a.markdown, text)
