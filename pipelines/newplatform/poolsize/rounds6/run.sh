@@ -9,6 +9,10 @@
 # (poolsize/confirm/pooled-0-5-5pct.md) on network and per-task top-1, and at 10% still above every
 # baseline (poolsize/confirm/pooled-0-5.md). Control first: rdu 5% seed 3 with 3 rounds, the command
 # of the committed poolsize/confirm/results/rdu-0.05-s3.json, to see this host reproduce it.
+# Amended after the control and before any rounds6 result was read: the control did not reproduce
+# the committed run (network top-1 0.144 against 0.470, per-task 0.487 against 0.607: the training
+# code changed since, sessions 38-41), so every strategy is re-run here with today's code, seeds 0-5
+# (`run.sh baselines SEEDS...`), and the rule reads rounds6 against those runs instead.
 # Results: rounds6/results/<label>-s<seed>.json (`tcl evaluate --out`); subsets and models in $WORK.
 # Usage: run.sh [SEEDS...]   (two processes: run.sh 0 1 2 & run.sh 3 4 5)
 set -euo pipefail
@@ -19,11 +23,11 @@ WORK=${WORK:-runs/poolsize-rounds6}
 DATA=pipelines/newplatform/data/split-pool512
 mkdir -p "$HERE/results" "$WORK"
 
-one() {  # one() LABEL RATIO SEED ROUNDS
-  local label=$1 ratio=$2 seed=$3 rounds=$4
+one() {  # one() LABEL RATIO SEED ROUNDS [STRATEGY]
+  local label=$1 ratio=$2 seed=$3 rounds=$4 strategy=${5:-rdu}
   local result=$HERE/results/$label-s$seed.json name=$label-s$seed
   [ -s "$result" ] && return 0   # resumable: a finished run is kept
-  tcl sample $DATA/train.npz --ratio "$ratio" --strategy rdu --rounds "$rounds" --seed "$seed" \
+  tcl sample $DATA/train.npz --ratio "$ratio" --strategy "$strategy" --rounds "$rounds" --seed "$seed" \
     --out "$WORK/$name.npz" --json | tail -1
   tcl train --model mamba --preset kb --data "$WORK/$name.npz" --valid $DATA/valid.npz \
     --train-set seed="$seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
@@ -35,6 +39,17 @@ one() {  # one() LABEL RATIO SEED ROUNDS
 }
 
 [ "${1:-}" = control ] && { one rdu-0.05-control 0.05 3 3; exit 0; }
+if [ "${1:-}" = baselines ]; then
+  shift
+  for seed in "$@"; do
+    for ratio in 0.05 0.1; do
+      for strategy in rdu random kmeans uncertainty balto; do
+        one "$strategy-$ratio" "$ratio" "$seed" 3 "$strategy"
+      done
+    done
+  done
+  exit 0
+fi
 seeds=("$@"); [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4 5)
 for seed in "${seeds[@]}"; do
   for ratio in 0.05 0.1; do
