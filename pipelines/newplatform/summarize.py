@@ -28,7 +28,8 @@ PROGRAMS = {"rdu": "10% (RDU)", "random": "10% (random)", "full": "100%"}
 # the pool-size study's labels: STRATEGY-RATIO (a KB from scratch, the main job's training),
 # STRATEGY-RATIO-steps (equal optimizer steps), STRATEGY-RATIO-transfer (`tcl transfer`), full
 POOL_STRATEGIES = ("rdu", "random", "kmeans", "uncertainty", "balto")
-POOL_TRAININGS = {"": "", "steps": ", equal steps", "transfer": ", tcl transfer"}
+# (a suffix also names a sampler variant: rounds6, RDU with 6 rounds, poolsize/rounds6/run.sh)
+POOL_TRAININGS = {"": "", "steps": ", equal steps", "transfer": ", tcl transfer", "rounds6": ", 6 rounds"}
 
 
 def pool_label(label: str) -> tuple[str, float, str] | None:

@@ -39,6 +39,21 @@ one() {  # one() LABEL RATIO SEED ROUNDS [STRATEGY]
 }
 
 [ "${1:-}" = control ] && { one rdu-0.05-control 0.05 3 3; exit 0; }
+if [ "${1:-}" = full ]; then   # the whole pool with today's code (issue 12's 100% reference; not in the rule)
+  shift
+  for seed in "$@"; do
+    result=$HERE/results/full-s$seed.json
+    [ -s "$result" ] && continue
+    tcl train --model mamba --preset kb --data $DATA/train.npz --valid $DATA/valid.npz \
+      --train-set seed="$seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
+      --train-set warmup_epochs=1 --train-set schedule=cosine --train-set patience=10 --train-set threads=1 \
+      --experiment tcl-newplatform --out "$WORK/full-s$seed" --no-progress > /dev/null
+    tcl evaluate --model "$WORK/full-s$seed" --data pipelines/newplatform/data/test.npz --label full \
+      --out "$result.tmp" > /dev/null
+    mv "$result.tmp" "$result"
+  done
+  exit 0
+fi
 if [ "${1:-}" = baselines ]; then
   shift
   for seed in "$@"; do
