@@ -278,8 +278,9 @@ def bench_ingest_cmd(n_records, workers, ansor_path, ms_paths, as_json):
               help="Share of each pool to choose.")
 @click.option("--strategy", default="rdu", show_default=True, type=click.Choice(list(SAMPLING_STRATEGIES)),
               help="Sampling strategy timed.")
-@click.option("--rounds", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Rounds (no net is retrained between them).")
+@click.option("--rounds", default=None, type=click.IntRange(min=1),
+              help="Rounds (no net is retrained between them; default: params.yaml sample.rounds, what "
+                   "`tcl sample` runs).")
 @click.option("--params", "params_path", default="params.yaml", show_default=True,
               help="params.yaml: its sample: settings and featurize.max_len.")
 @click.option("--from-file", is_flag=True,
@@ -293,6 +294,7 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, wor
     K-Means fit measured in the same process (tcl.bench.sample); with --from-file, of the
     `tcl sample` command on the pool written as a feature file."""
     from tcl.bench.sample import bench_sample, format_table
+    from tcl.sampling.subset import run_settings
 
     try:
         pool_sizes = [int(float(n)) for n in sizes.split(",") if n.strip()]
@@ -301,7 +303,9 @@ def bench_sample_cmd(sizes, ratio, strategy, rounds, params_path, from_file, wor
     if not pool_sizes or min(pool_sizes) < 1:
         raise click.BadParameter(f"--sizes: expected positive pool sizes, got {sizes!r}")
     try:
-        rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=_params(params_path),
+        params = _params(params_path)
+        rounds = rounds or int(run_settings(params)["rounds"])
+        rows = bench_sample(pool_sizes, ratio=ratio, strategy=strategy, rounds=rounds, params=params,
                             from_file=from_file, workdir=workdir)
     except RuntimeError as exc:  # a child's failure, with its stderr's tail
         raise click.ClickException(str(exc)) from None
