@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Session 42 (2026-12-07): issue 13's comparison re-run with today's code. The 9-seed figures in
+# docs/continual.md (*A cross-validated KD guard*) came from the code before session 40 changed the
+# KB's CPU kernels, and the sampling study re-run this session moved by up to 0.2 top-1 with those
+# kernels (docs/sampling.md, *Today's code on the 512-a-task pool*). Per family and seed 0-8: the
+# same-family source KB (`tcl ckd-study sources`, kept in $WORK), then ckd, scratch-100, finetune and
+# mtl on the main job's subset (data/subsets/<target>/rdu-0.1.npz, `dvc repro --glob "sample@*"`).
+# Reported whatever it shows, beside the committed figures; nothing is chosen on it.
+# Usage: run.sh FAMILY [SEEDS...]   (one family a core: run.sh amd-zen4-avx512 & run.sh x86-sse)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+HERE=pipelines/continual/rerun-2026-12-07
+WORK=${WORK:-runs/continual-rerun-2026-12-07}
+family=$1; shift
+seeds=("$@"); [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4 5 6 7 8)
+S=(--study-params pipelines/continual/params.yaml --params params.yaml)
+mkdir -p "$WORK"
+for seed in "${seeds[@]}"; do
+  kb=$WORK/$family-same-s$seed
+  [ -s "$kb/study.json" ] || tcl ckd-study sources "$family" --sources same --seed "$seed" "${S[@]}" --out "$kb"
+  for variant in ckd scratch-100 finetune mtl; do
+    out=$HERE/$family-$variant-same-s$seed.json
+    [ -s "$out" ] && continue   # resumable: a finished run is kept
+    from=(--source-kb "$kb"); [ "$variant" = scratch-100 ] && from=()
+    tcl ckd-study run "$family" --variant "$variant" --seed "$seed" "${from[@]}" "${S[@]}" --out "$out.tmp.json"
+    mv "$out.tmp.json" "$out"
+  done
+done
