@@ -21,7 +21,7 @@ for seed in "${seeds[@]}"; do
   for variant in ckd scratch-100 finetune mtl; do
     out=$HERE/$family-$variant-same-s$seed.json
     [ -s "$out" ] && continue   # resumable: a finished run is kept
-    from=(--source-kb "$kb"); [ "$variant" = scratch-100 ] && from=()
+    from=(--source-kb "$kb"); case $variant in scratch-100|mtl) from=() ;; esac  # they learn without one
     tcl ckd-study run "$family" --variant "$variant" --seed "$seed" "${from[@]}" "${S[@]}" --out "$out.tmp.json"
     mv "$out.tmp.json" "$out"
   done
