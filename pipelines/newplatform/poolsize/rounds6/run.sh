@@ -14,7 +14,9 @@
 # code changed since, sessions 38-41), so every strategy is re-run here with today's code, seeds 0-5
 # (`run.sh baselines SEEDS...`), and the rule reads rounds6 against those runs instead.
 # Results: rounds6/results/<label>-s<seed>.json (`tcl evaluate --out`); subsets and models in $WORK.
-# Usage: run.sh [SEEDS...]   (two processes: run.sh 0 1 2 & run.sh 3 4 5)
+# Usage: run.sh control | run.sh [SEEDS...] | run.sh baselines SEEDS... | run.sh full SEEDS...
+#   (two processes: run.sh 0 1 2 & run.sh 3 4 5). The data first: cd pipelines/newplatform &&
+#   dvc repro -s ingest@pool512 featurize@pool512 split@pool512 ingest@test featurize@test
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 export TCL_HARDWARE=pipelines/newplatform/hardware.json
