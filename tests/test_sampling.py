@@ -269,6 +269,9 @@ def test_subset_records_how_it_was_chosen_and_renormalises_labels():
         assert sub.y[sub.task == t].max() == pytest.approx(1.0)
     how = sub.meta["sample"]
     assert (how["strategy"], how["seed"], how["rounds"], how["round_sizes"]) == ("kmeans", 3, 2, [15, 15])
+    from tcl.tracking import git_commit
+
+    assert how["git_commit"] == git_commit() != "" and how["host_cpu"]  # the code and CPU that chose them
 
 
 def _params_file(tmp_path):

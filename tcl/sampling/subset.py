@@ -65,8 +65,12 @@ def sample_features(fs, ratio: float, strategy: str, params: dict | None = None,
 
 def subset_of(fs, selection: Selection, **how):
     """The chosen programs of `fs` (in pool order), y renormalised within each task over them,
-    with ``meta["sample"]`` recording how they were chosen."""
+    with ``meta["sample"]`` recording how they were chosen, and by which code on which CPU: a
+    model-guided sampler's choice moves with float-level changes to the KB it trains between
+    rounds (docs/sampling.md, *Today's code on the 512-a-task pool*)."""
     from tcl.features import task_labels
+    from tcl.hardware import local_cpu_id, local_cpu_model
+    from tcl.tracking import git_commit
 
     sub = fs.subset(np.sort(selection.indices))
     sub.y = task_labels(sub.task, sub.latency)
@@ -78,6 +82,7 @@ def subset_of(fs, selection: Selection, **how):
         "seconds": round(float(selection.seconds), 3),
         "settings": settings.as_dict() if settings is not None else None,
         "labels": "y normalised within each task over the chosen programs",
+        "git_commit": git_commit(), "host_cpu": local_cpu_model(), "host_cpu_id": local_cpu_id(),
     }
     return sub
 
