@@ -11,7 +11,7 @@
 # of the committed poolsize/confirm/results/rdu-0.05-s3.json, to see this host reproduce it.
 # Amended after the control and before any rounds6 result was read: the control did not reproduce
 # the committed run (network top-1 0.144 against 0.470, per-task 0.487 against 0.607: the training
-# code changed since, sessions 38-41), so every strategy is re-run here with today's code, seeds 0-5
+# code changed since, session 40), so every strategy is re-run here with today's code, seeds 0-5
 # (`run.sh baselines SEEDS...`), and the rule reads rounds6 against those runs instead.
 # Results: rounds6/results/<label>-s<seed>.json (`tcl evaluate --out`); subsets and models in $WORK.
 # Usage: run.sh control | run.sh [SEEDS...] | run.sh baselines SEEDS... | run.sh full SEEDS...
