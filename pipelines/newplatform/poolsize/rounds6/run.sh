@@ -13,6 +13,12 @@
 # the committed run (network top-1 0.144 against 0.470, per-task 0.487 against 0.607: the training
 # code changed since, session 40), so every strategy is re-run here with today's code, seeds 0-5
 # (`run.sh baselines SEEDS...`), and the rule reads rounds6 against those runs instead.
+# Extended (session 43, 2026-12-07, committed before any of these runs): seeds 6-17 of every strategy at
+# 5% and 10% and of the whole pool (`run.sh baselines 6 ... 17`, `run.sh full 6 ... 17`), because the
+# 6-seed figures spread 0.05-0.19 network top-1 and moved by up to ~0.2 with float-level code changes.
+# The reading, whatever it shows: seeds 0-17 pooled (summary-0-17.md), issue 12's two targets read on
+# the means (RDU at 10% within 0.02 of the whole pool; RDU above every baseline at 5% and at 10%), and
+# RDU - each baseline paired by seed, mean ± standard error (paired-0-17.md, paired.py).
 # Results: rounds6/results/<label>-s<seed>.json (`tcl evaluate --out`); subsets and models in $WORK.
 # Usage: run.sh control | run.sh [SEEDS...] | run.sh baselines SEEDS... | run.sh full SEEDS...
 #   (two processes: run.sh 0 1 2 & run.sh 3 4 5). The data first: cd pipelines/newplatform &&
