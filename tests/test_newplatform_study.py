@@ -90,6 +90,28 @@ def test_pool_size_labels_name_their_data_and_sort_by_ratio_training_strategy(tm
     assert summarize.pool_label("rdu-0.1-steps") == ("rdu", 0.1, "steps")
 
 
+def test_paired_differences_only_on_the_seeds_both_runs_have(tmp_path):
+    """`--paired rdu`: rdu minus each other strategy of its ratio and training, and minus the whole
+    pool, seed by seed; a seed one of the two lacks is left out; by hand."""
+    summarize = _module()
+    results = tmp_path / "results"
+    results.mkdir()
+    for label, top1s in (("rdu-0.1", (0.5, 0.3, 0.4)), ("random-0.1", (0.2, 0.4)), ("random-0.05", (0.9,)),
+                         ("rdu-0.1-steps", (0.1,)), ("full", (0.6, 0.6, 0.6))):
+        for seed, top1 in enumerate(top1s):
+            _result(results / f"{label}-s{seed}.json", label, top1, 0.2)
+    pairs = summarize.paired(summarize.runs_by_seed(results), "rdu")
+    by = {(p["label"], p["minus"]): p for p in pairs}
+    assert set(by) == {("rdu-0.1", "random-0.1"), ("rdu-0.1", "full"), ("rdu-0.1-steps", "full")}
+    random = by[("rdu-0.1", "random-0.1")]
+    assert random["seeds"] == [0, 1] and random["top1"] == pytest.approx((0.3 - 0.1) / 2)
+    assert random["top1_se"] == pytest.approx(statistics.stdev([0.3, -0.1]) / 2 ** 0.5)
+    assert random["top1_above"] == 1 and random["task_top1"] == pytest.approx(0.05)
+    full = by[("rdu-0.1", "full")]
+    assert full["seeds"] == [0, 1, 2] and full["top1"] == pytest.approx(-0.2)
+    assert "| rdu-0.1 | random-0.1 | 2 | +0.100 ± 0.200 |" in summarize.paired_table(pairs)
+
+
 def test_overlap_joins_programs_measured_twice_by_task_and_program():
     """pipelines/newplatform/overlap.py: only programs both occasions hold count; per task the median
     latency ratio, the Spearman correlation and whether the fastest program is the same, by hand."""

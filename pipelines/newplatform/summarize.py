@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 from pathlib import Path
 
@@ -91,6 +93,53 @@ def summarize(runs: dict[str, list[dict]], data_column: str | None = None) -> li
     return rows
 
 
+def runs_by_seed(results: Path) -> dict[tuple[str, int], dict]:
+    """Every run of results/<label>-s<seed>.json by (label, seed)."""
+    runs = {}
+    for path in sorted(results.glob("*.json")):
+        seeded = re.fullmatch(r".+-s(\d+)", path.stem)
+        if seeded:
+            r = json.loads(path.read_text())
+            runs[(r["label"], int(seeded.group(1)))] = r
+    return runs
+
+
+def paired(runs: dict[tuple[str, int], dict], strategy: str) -> list[dict]:
+    """`strategy` minus every other pool-size label of its ratio and training, and minus `full`, on the
+    same seed (a seed fixes the model's initial weights and batches, and the sampler's draws, so the
+    pairs share what the seeds' spread is mostly made of). Mean ± standard error over the seeds both have."""
+    out = []
+    for (label, seed) in sorted({k for k in runs}, key=lambda k: (order(k[0]), k[1])):
+        pooled = pool_label(label)
+        if not pooled or pooled[0] != strategy or seed != min(s for (l, s) in runs if l == label):
+            continue
+        _, ratio, training = pooled
+        others = [o for o in sorted({l for (l, _) in runs}, key=order) if o == "full" or (
+            pool_label(o) and pool_label(o)[0] != strategy and pool_label(o)[1:] == (ratio, training))]
+        for other in others:
+            seeds = sorted(s for (l, s) in runs if l == label and (other, s) in runs)
+            row = {"label": label, "minus": other, "seeds": seeds}
+            for m in METRICS:
+                d = [float(runs[(label, s)][m]) - float(runs[(other, s)][m]) for s in seeds]
+                row[m] = statistics.fmean(d)
+                row[f"{m}_se"] = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+                row[f"{m}_above"] = sum(x > 0 for x in d)
+            out.append(row)
+    return out
+
+
+def paired_table(rows: list[dict]) -> str:
+    head = ["run", "minus", "seeds", "top-1", "task top-1", "pairwise", "seeds above (top-1 / task top-1)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["label"], r["minus"], str(len(r["seeds"])),
+            *[f"{r[m]:+.3f} ± {r[m + '_se']:.3f}" for m in ("top1", "task_top1", "pairwise")],
+            f"{r['top1_above']} / {r['task_top1_above']} of {len(r['seeds'])}"]) + " |")
+    return ("Paired by seed: the run minus the other on the same seed, mean ± standard error.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def table(rows: list[dict]) -> str:
     nets = rows[0]["networks"]
     head = ["run", "trained on", "seeds", "top-1", "top-5", "task top-1", "task top-5", "pairwise",
@@ -131,12 +180,19 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, default=HERE / "summary.md")
     ap.add_argument("--plot", type=Path, default=HERE / "img" / "newplatform.png")
     ap.add_argument("--trained-on", default=None, help="the data column of every row (default: from the label)")
+    ap.add_argument("--paired", metavar="STRATEGY", default=None,
+                    help="also pair STRATEGY's pool-size runs by seed with the other strategies' and the whole pool's")
+    ap.add_argument("--paired-markdown", type=Path, default=None, help="where the paired table goes (with --paired)")
     a = ap.parse_args()
     rows = summarize(load_runs(a.results), a.trained_on)
     atomic_write_json(a.summary, {"runs": rows})
     atomic_write_text(a.markdown, table(rows))
     plot(rows, a.plot)
     print(table(rows))
+    if a.paired:
+        pairs = paired(runs_by_seed(a.results), a.paired)
+        atomic_write_text(a.paired_markdown or a.markdown.with_name(f"paired-{a.paired}.md"), paired_table(pairs))
+        print(paired_table(pairs))
 
 
 if __name__ == "__main__":

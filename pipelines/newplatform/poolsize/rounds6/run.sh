@@ -18,7 +18,7 @@
 # 6-seed figures spread 0.05-0.19 network top-1 and moved by up to ~0.2 with float-level code changes.
 # The reading, whatever it shows: seeds 0-17 pooled (summary-0-17.md), issue 12's two targets read on
 # the means (RDU at 10% within 0.02 of the whole pool; RDU above every baseline at 5% and at 10%), and
-# RDU - each baseline paired by seed, mean ± standard error (paired-0-17.md, paired.py).
+# RDU - each baseline paired by seed, mean ± standard error (paired-0-17.md, summarize.py --paired rdu).
 # Results: rounds6/results/<label>-s<seed>.json (`tcl evaluate --out`); subsets and models in $WORK.
 # Usage: run.sh control | run.sh [SEEDS...] | run.sh baselines SEEDS... | run.sh full SEEDS...
 #   (two processes: run.sh 0 1 2 & run.sh 3 4 5). The data first: cd pipelines/newplatform &&
