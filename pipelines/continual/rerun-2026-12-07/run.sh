@@ -6,6 +6,10 @@
 # same-family source KB (`tcl ckd-study sources`, kept in $WORK), then ckd, scratch-100, finetune and
 # mtl on the main job's subset (data/subsets/<target>/rdu-0.1.npz, `dvc repro --glob "sample@*"`).
 # Reported whatever it shows, beside the committed figures; nothing is chosen on it.
+# Extended (session 43, 2026-12-07, committed before these runs): seeds 9-17 of every variant on both
+# families, the same subsets (the session-42 ones, still on disk), because on amd-zen4-avx512 ckd's gap to
+# scratch-100 (-0.037 ± 0.032) was within about one standard error. The reading, whatever it shows:
+# seeds 0-17 pooled (summary-0-17.md), the targets read on the means and on ckd - variant paired by seed.
 # Usage: run.sh FAMILY [SEEDS...]   (one family a core: run.sh amd-zen4-avx512 & run.sh x86-sse)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
