@@ -169,6 +169,47 @@ def test_kd_target_guard_keeps_the_best_target_epoch_within_the_sources_toleranc
         assert pairwise(source.valid) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("min_gain_se", [0.5, 1e6])
+def test_kd_target_guard_takes_an_epoch_only_when_its_target_gain_reaches_min_gain_se(tmp_path, one_torch_thread,
+                                                                                     taught_kb, min_gain_se):
+    """kd_guard_min_gain_se: KD learns a target ordered backwards to the KB (the sources free to
+    lose), but an epoch is kept only when its mean per-task pairwise gain over the start on the
+    target's 4 validation tasks is that many standard errors; recomputed by hand for the kept KB."""
+    from tcl.continual import crossval
+
+    kb = load_model_copy(taught_kb, tmp_path)
+    source, target = _platform("p0", 5), _platform("p1", 1)
+    backwards = _negated(load_model_copy(taught_kb, tmp_path / "ac"))
+    _ordered_by(backwards, target.valid)
+    _ordered_by(backwards, target.train)
+    start_tasks = np.array(crossval.task_scores(kb, target.valid))
+    earlier = E.absorb(None, kb, E.estimate_fisher(kb, source.train, TRAIN), "p0")
+    cfg = {**settings(PARAMS), "select": "pairwise", "kd_guard": "target", "kd_guard_tolerance": 1.0,
+           "lambda_ewc": 0.0, "kd_guard_min_gain_se": min_gain_se}
+    params = {**TRAIN, "select": "pairwise", "epochs": 4, "patience": 100, "lr": 0.02}
+    _, res = kd_phase(kb, backwards, target, [source, target], earlier, cfg, params, tmp_path / "kd")
+
+    rows = res["epochs"]
+    assert all("guard_gain_se" in r for r in rows) and res["min_gain_se"] == min_gain_se
+    assert all(r["guard_gain_se"] >= min_gain_se for r in rows if r["guard_kept"])
+    if min_gain_se == 1e6:  # no finite gain over 4 noisy tasks is a million standard errors
+        assert res["kept_start"] and np.allclose(crossval.task_scores(kb, target.valid), start_tasks)
+    else:  # the backwards target is learned plainly: an epoch qualifies, and the kept KB's gain does
+        assert not res["kept_start"]
+        gains = np.array(crossval.task_scores(kb, target.valid)) - start_tasks
+        assert gains.mean() / (gains.std(ddof=1) / 2.0) >= min_gain_se
+
+
+@pytest.mark.parametrize("change,message", [({"kd_guard_min_gain_se": -1}, "must be >= 0"),
+                                            ({"kd_guard_min_gain_se": 2, "kd_guard_folds": 4}, "without kd_guard_folds"),
+                                            ({"kd_guard_min_gain_se": 2, "kd_guard": "mean"}, "needs kd_guard: target")])
+def test_kd_guard_min_gain_se_settings_are_checked(change, message):
+    from tcl.continual.schedule import ContinualError
+
+    with pytest.raises(ContinualError, match=message):
+        settings({**PARAMS, "continual": {**PARAMS["continual"], **change}})
+
+
 def test_kd_target_guard_judges_the_sources_training_programs_with_kd_guard_splits_and_metric(tmp_path, one_torch_thread,
                                                                                         taught_kb):
     """kd_guard_splits: a source without a validation split is not judged under [valid] (KD learns

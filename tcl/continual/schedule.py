@@ -97,6 +97,9 @@ DEFAULTS = {
     "kd_guard_splits": ["valid"],
     # kd_guard target: the metric that loss is measured in (tcl.training select's names); None: `select`
     "kd_guard_metric": None,
+    # kd_guard target: an epoch must also beat the start on the target's validation tasks by this many
+    # standard errors of the per-task pairwise gain (mean gain / (sd / sqrt(tasks))); 0: off
+    "kd_guard_min_gain_se": 0.0,
     # kd_guard target: also judge the target, cross-validated, on the subset's own tasks in this many
     # folds (tcl.continual.crossval; each task once; KD's early stopping off); 0: off
     "kd_guard_folds": 0,
@@ -167,6 +170,11 @@ def settings(params: dict) -> dict:
         raise ContinualError(f"continual.kd_guard_folds must be 0 (off) or a number of folds >= 2, not {folds!r}")
     if folds and cfg["kd_guard"] != "target":
         raise ContinualError(f"continual.kd_guard_folds needs kd_guard: target, not {cfg['kd_guard']}")
+    if not float(cfg["kd_guard_min_gain_se"]) >= 0:
+        raise ContinualError(f"continual.kd_guard_min_gain_se must be >= 0, not {cfg['kd_guard_min_gain_se']!r}")
+    if float(cfg["kd_guard_min_gain_se"]) > 0 and (folds or cfg["kd_guard"] != "target"):
+        raise ContinualError("continual.kd_guard_min_gain_se judges the target's validation tasks: it needs "
+                             f"kd_guard: target without kd_guard_folds (got {cfg['kd_guard']}, {folds} folds)")
     if cfg["kd_guard_fold_metric"] not in crossval.FOLD_METRICS:
         raise ContinualError(f"continual.kd_guard_fold_metric must be one of {', '.join(crossval.FOLD_METRICS)}, "
                              f"not {cfg['kd_guard_fold_metric']!r}")
@@ -463,7 +471,8 @@ def kd_phase(kb, ac, data: PlatformData, seen: list[PlatformData], ewc: EWCState
     known = list(kb.feature_meta.get("platforms") or [])
     metric, mode = cfg["select"], (cfg["kd_guard"] if ewc is not None and probe is None else "none")
     guard = (TargetGuard(kb, data, seen, metric, float(cfg["kd_guard_tolerance"]), cfg["kd_guard_splits"],
-                         cfg["kd_guard_metric"] or metric, cv) if mode == "target" else None)
+                         cfg["kd_guard_metric"] or metric, cv, float(cfg["kd_guard_min_gain_se"]))
+             if mode == "target" else None)
     start_valid = _mean_metric(kb, valid, metric) if mode == "mean" else None
     alpha = float(cfg["alpha_task"])
     task = {"loss": train_params["loss"], "task_weight": alpha} if alpha > 0 else {"loss": "none"}
@@ -512,11 +521,18 @@ class TargetGuard:
     With `cv` (tcl.continual.crossval.TargetCV) the target's score of an epoch is the mean of the
     cv's per-task metric over the validation split's tasks and the cross-validated folds' tasks of
     that epoch, each task once (the folds alone when the target has no validation split);
-    an epoch past the folds' last is not kept."""
+    an epoch past the folds' last is not kept.
+
+    With `min_gain_se` > 0 an epoch must also beat the start on the target's judged tasks by that
+    many standard errors: per task its pairwise accuracy minus the start's, the mean of those
+    gains over their standard error (sd / sqrt(tasks)). Why: on a 4-task validation split most
+    accepted KD epochs gained 0.0001-0.002 pairwise, and those moved a source's held-out top-1 by
+    up to 12.8 points (docs/continual.md, *Eighteen seeds of the same comparison*)."""
 
     def __init__(self, kb, target: PlatformData, seen: list[PlatformData], metric: str, tolerance: float,
-                 splits=("valid",), source_metric: str | None = None, cv=None):
+                 splits=("valid",), source_metric: str | None = None, cv=None, min_gain_se: float = 0.0):
         self.kb, self.metric, self.tolerance, self.cv = kb, metric, tolerance, cv
+        self.min_gain_se = float(min_gain_se)
         self.source_metric = source_metric or metric
         has_valid = target.valid is not None and len(target.valid)
         self.target_set, self.target_split = (target.valid, "valid") if has_valid else (target.train, "train")
@@ -529,6 +545,8 @@ class TargetGuard:
                         for split, fs in ((s, getattr(d, s)) for s in splits) if fs is not None and len(fs)]
         self.splits = list(splits)
         self.start = self._scores(None)
+        self.start_tasks = (np.asarray(crossval.task_scores(kb, self.target_set), np.float64)
+                            if self.min_gain_se > 0 else None)
         self.best = {"epoch": None, "target": self.start[0],
                      "state": {k: v.detach().clone() for k, v in kb.net.state_dict().items()}}
 
@@ -554,10 +572,15 @@ class TargetGuard:
         drops = {key: self.start[1][key] - sources[key] for key in sources}
         worst = max(drops.values(), default=0.0)
         better = worst <= self.tolerance and target > self.best["target"]
+        gain_se = self._gain_se() if self.start_tasks is not None else None
+        if gain_se is not None:
+            better = better and gain_se >= self.min_gain_se
         if better:
             self.best = {"epoch": epoch, "target": target,
                          "state": {k: v.detach().clone() for k, v in self.kb.net.state_dict().items()}}
         row = {"guard_target": target, "guard_worst_source_drop": worst, "guard_kept": float(better)}
+        if gain_se is not None:
+            row["guard_gain_se"] = gain_se
         if self.cv is not None and self.cv.at(epoch) is not None:
             row["guard_cv"] = crossval.pooled(self.cv.at(epoch))
         if len(self.splits) > 1:
@@ -565,6 +588,15 @@ class TargetGuard:
                 row[f"guard_worst_source_drop_{split}"] = max(
                     (drops[key] for key, s, _ in self.sources if s == split), default=0.0)
         return row
+
+    def _gain_se(self) -> float:
+        """The current weights' mean per-task gain over the start on the target's judged tasks, in
+        standard errors (+inf for a gain without spread, -inf for none; 0 with fewer than 2 tasks)."""
+        gains = np.asarray(crossval.task_scores(self.kb, self.target_set), np.float64) - self.start_tasks
+        if len(gains) < 2:
+            return 0.0
+        mean, se = gains.mean(), gains.std(ddof=1) / np.sqrt(len(gains))
+        return float(mean / se) if se > 0 else (float("inf") if mean > 0 else float("-inf"))
 
     def restore(self) -> bool:
         """Load the kept weights into the KB; True when that is the KB KD started from."""
@@ -579,6 +611,8 @@ class TargetGuard:
             out["source_splits"] = self.splits
         if self.source_metric != self.metric:
             out["source_metric"] = self.source_metric
+        if self.min_gain_se > 0:
+            out["min_gain_se"] = self.min_gain_se
         if self.cv is not None:
             out["cv"] = self.cv.report()
         return out

@@ -48,6 +48,9 @@ read their curves on the validation split, ~10× cheaper per epoch).
                  tcl.continual.crossval), KD's early stopping off
   ckd-cv-top1    ckd-cv with each judged task scored in task top-1 instead of pairwise accuracy
                  (``continual.kd_guard_fold_metric`` task_top1)
+  ckd-sig        ckd whose KD guard takes an epoch only when its per-task gain on the target's
+                 validation tasks is at least the study's ``min_gain_se`` (2) standard errors
+                 (``continual.kd_guard_min_gain_se``)
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
@@ -73,7 +76,7 @@ from tcl.io import atomic_write_json, json_safe
 BASELINES = ("scratch-10", "scratch-100", "mtl")        # need no source KB
 FROM_KB = ("finetune", "finetune-wise", "ckd", "ckd-fixed-phi", "ckd-no-ewc", "ckd-no-kd", "ckd-pool", "ckd-grow",
            "ckd-replay", "ckd-guard", "ckd-replay-guard", "ckd-guard-top1",
-           "ckd-replay-guard-top1", "ckd-cv", "ckd-cv-top1")  # start from the source KB
+           "ckd-replay-guard-top1", "ckd-cv", "ckd-cv-top1", "ckd-sig")  # start from the source KB
 VARIANTS = BASELINES[:2] + ("finetune", "mtl") + FROM_KB[1:]
 WISE_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # finetune-wise's grid unless the study's params give one
 CURVE_SPLITS = ("test", "valid")
@@ -145,7 +148,8 @@ def run_params(root: dict, study: dict, seed: int, variant: str = "ckd") -> dict
               "ckd-guard-top1": guard_top1,
               "ckd-replay-guard-top1": {"replay": replay, **guard_top1},
               "ckd-cv": {"kd_guard_folds": folds},
-              "ckd-cv-top1": {"kd_guard_folds": folds, "kd_guard_fold_metric": "task_top1"}}.get(variant)
+              "ckd-cv-top1": {"kd_guard_folds": folds, "kd_guard_fold_metric": "task_top1"},
+              "ckd-sig": {"kd_guard_min_gain_se": float(study.get("min_gain_se", 2.0))}}.get(variant)
     if change:
         params = _merged(params, {"continual": change})
     settings(params)  # a clear error for a bad continual section

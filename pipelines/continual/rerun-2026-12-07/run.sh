@@ -10,7 +10,14 @@
 # families, the same subsets (the session-42 ones, still on disk), because on amd-zen4-avx512 ckd's gap to
 # scratch-100 (-0.037 ± 0.032) was within about one standard error. The reading, whatever it shows:
 # seeds 0-17 pooled (summary-0-17.md), the targets read on the means and on ckd - variant paired by seed.
-# Usage: run.sh FAMILY [SEEDS...]   (one family a core: run.sh amd-zen4-avx512 & run.sh x86-sse)
+# ckd-sig (session 43, committed before its runs; VARIANTS=ckd-sig run.sh FAMILY 0 ... 17): the KD guard
+# takes an epoch only when its per-task pairwise gain on the target's validation tasks is at least
+# 2 standard errors (continual.kd_guard_min_gain_se 2: the conventional two, not a value read off
+# guard_margin.py's test-split diagnostic). The same source KBs and subsets, seeds 0-17, both families.
+# The rule: kd_guard_min_gain_se 2 becomes the default only if (1) no run's source loses more than 2
+# points of held-out top-1 and (2) on each family ckd-sig's mean target network top-1 is not below
+# ckd's by more than one standard error of their difference paired by seed; otherwise reported only.
+# Usage: run.sh FAMILY [SEEDS...]   (VARIANTS="..." overrides the variants run)   (one family a core: run.sh amd-zen4-avx512 & run.sh x86-sse)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 HERE=pipelines/continual/rerun-2026-12-07
@@ -22,7 +29,7 @@ mkdir -p "$WORK"
 for seed in "${seeds[@]}"; do
   kb=$WORK/$family-same-s$seed
   [ -s "$kb/study.json" ] || tcl ckd-study sources "$family" --sources same --seed "$seed" "${S[@]}" --out "$kb"
-  for variant in ckd scratch-100 finetune mtl; do
+  for variant in ${VARIANTS:-ckd scratch-100 finetune mtl}; do
     out=$HERE/$family-$variant-same-s$seed.json
     [ -s "$out" ] && continue   # resumable: a finished run is kept
     from=(--source-kb "$kb"); case $variant in scratch-100|mtl) from=() ;; esac  # they learn without one
