@@ -591,12 +591,13 @@ class TargetGuard:
 
     def _gain_se(self) -> float:
         """The current weights' mean per-task gain over the start on the target's judged tasks, in
-        standard errors (+inf for a gain without spread, -inf for none; 0 with fewer than 2 tasks)."""
+        standard errors (0 with fewer than 2 tasks; gains without spread count as a tiny se, so the
+        figure stays finite for the logs)."""
         gains = np.asarray(crossval.task_scores(self.kb, self.target_set), np.float64) - self.start_tasks
         if len(gains) < 2:
             return 0.0
-        mean, se = gains.mean(), gains.std(ddof=1) / np.sqrt(len(gains))
-        return float(mean / se) if se > 0 else (float("inf") if mean > 0 else float("-inf"))
+        se = max(float(gains.std(ddof=1)) / np.sqrt(len(gains)), 1e-12)
+        return float(gains.mean() / se)
 
     def restore(self) -> bool:
         """Load the kept weights into the KB; True when that is the KB KD started from."""

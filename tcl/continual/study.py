@@ -50,7 +50,8 @@ read their curves on the validation split, ~10× cheaper per epoch).
                  (``continual.kd_guard_fold_metric`` task_top1)
   ckd-sig        ckd whose KD guard takes an epoch only when its per-task gain on the target's
                  validation tasks is at least the study's ``min_gain_se`` (2) standard errors
-                 (``continual.kd_guard_min_gain_se``)
+                 (``continual.kd_guard_min_gain_se``; params.yaml's own setting since it was
+                 adopted, so the same as ckd unless the study's params set another)
   ============== =========================================================================
 
   The ckd variants are the schedule configured, not other code; the baselines train with
