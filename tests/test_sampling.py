@@ -401,7 +401,6 @@ def test_bench_sample_times_a_small_pool_beside_its_baselines():
     assert "3000" in format_table(out)
 
 
-
 def test_bench_sample_command_times_the_rounds_params_yaml_gives(tmp_path):
     """Without --rounds the bench times what `tcl sample` runs: params.yaml's sample.rounds."""
     import yaml
@@ -414,6 +413,7 @@ def test_bench_sample_command_times_the_rounds_params_yaml_gives(tmp_path):
     assert res.exit_code == 0, res.output
     row = json.loads(res.output.strip().splitlines()[-1])[0]
     assert row["rounds"] == 4 and len(row["round_sizes"]) == 4 and sum(row["round_sizes"]) == 200
+
 
 def test_bench_sample_from_file_times_the_command_on_a_written_pool(tmp_path):
     from tcl.bench.sample import bench_sample, format_table

@@ -108,14 +108,14 @@ def paired(runs: dict[tuple[str, int], dict], strategy: str) -> list[dict]:
     """`strategy` minus every other pool-size label of its ratio and training, and minus `full`, on the
     same seed (a seed fixes the model's initial weights and batches, and the sampler's draws, so the
     pairs share what the seeds' spread is mostly made of). Mean ± standard error over the seeds both have."""
+    labels = sorted({label for label, _ in runs}, key=order)
+    pooled = {label: pool_label(label) for label in labels}
     out = []
-    for (label, seed) in sorted({k for k in runs}, key=lambda k: (order(k[0]), k[1])):
-        pooled = pool_label(label)
-        if not pooled or pooled[0] != strategy or seed != min(s for (l, s) in runs if l == label):
+    for label in labels:
+        if not pooled[label] or pooled[label][0] != strategy:
             continue
-        _, ratio, training = pooled
-        others = [o for o in sorted({l for (l, _) in runs}, key=order) if o == "full" or (
-            pool_label(o) and pool_label(o)[0] != strategy and pool_label(o)[1:] == (ratio, training))]
+        others = [o for o in labels if o == "full" or (
+            pooled[o] and pooled[o][0] != strategy and pooled[o][1:] == pooled[label][1:])]
         for other in others:
             seeds = sorted(s for (l, s) in runs if l == label and (other, s) in runs)
             row = {"label": label, "minus": other, "seeds": seeds}
