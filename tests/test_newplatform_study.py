@@ -131,3 +131,38 @@ def test_overlap_joins_programs_measured_twice_by_task_and_program():
     assert b["median_ratio"] == pytest.approx(1.0) and b["spearman"] == pytest.approx(-1.0)
     assert (result["programs"], result["tasks"], result["same_fastest"]) == (7, 2, 1)
     assert result["mean_spearman"] == pytest.approx(0.0) and result["median_ratio"] == pytest.approx(1.05)
+
+
+def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
+    spec = importlib.util.spec_from_file_location("newplatform_trainseeds",
+                                                  SCRIPT.parent / "poolsize" / "trainseeds" / "trainseeds.py")
+    trainseeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainseeds)
+    rounds6, results = tmp_path / "rounds6", tmp_path / "results"
+    rounds6.mkdir(), results.mkdir()
+    # subset seed -> its runs' top-1 (rounds6's first, training seed = subset seed), two strategies
+    top1 = {"a-0.1": {0: [0.2, 0.4], 1: [0.6, 0.8], 2: [0.1, 0.3]},
+            "b-0.1": {0: [0.1, 0.3], 1: [0.3, 0.1], 2: [0.2, 0.2]}}
+    for label, by_seed in top1.items():
+        for seed, (first, again) in by_seed.items():
+            (rounds6 / f"{label}-s{seed}.json").write_text(json.dumps({"top1": first, "task_top1": 0.5}))
+            (results / f"{label}-s{seed}-t1000.json").write_text(json.dumps({"top1": again, "task_top1": 0.5}))
+    (results / "a-0.1-s3-t1000.json").write_text(json.dumps({"top1": 0.9, "task_top1": 0.5}))  # no rounds6 run
+    (rounds6 / "a-0.1-rounds6-s0.json").write_text(json.dumps({"top1": 0.9, "task_top1": 0.5}))  # another label
+
+    runs = trainseeds.complete(trainseeds.load(results, rounds6, ("a-0.1", "b-0.1")))
+    assert sorted(runs["a-0.1"]) == [0, 1, 2] and [r["top1"] for r in runs["a-0.1"][1]] == [0.6, 0.8]
+
+    d = trainseeds.decompose(runs["a-0.1"], "top1")
+    within = statistics.fmean([0.02, 0.02, 0.02])             # each pair differs by 0.2: variance 0.02
+    between = statistics.variance([0.3, 0.7, 0.2])
+    assert d["sd_training"] == pytest.approx(within ** 0.5)
+    assert d["sd_subset"] == pytest.approx((between - within / 2) ** 0.5)
+    assert d["training_share"] == pytest.approx(within / (within + between - within / 2))
+    # b's subsets differ less than its training runs do: the subset's share floors at 0
+    assert trainseeds.decompose(runs["b-0.1"], "top1")["training_share"] == 1.0
+
+    p = trainseeds.paired(runs, "a-0.1", "b-0.1", "top1")
+    diffs = [0.3 - 0.2, 0.7 - 0.2, 0.2 - 0.2]
+    assert p["mean"] == pytest.approx(statistics.fmean(diffs)) and p["above"] == 2
+    assert p["se"] == pytest.approx(statistics.stdev(diffs) / 3 ** 0.5)

@@ -1,0 +1,115 @@
+"""The training-seed decomposition of trainseeds/run.sh: how much of a strategy's spread over seeds is
+the subset it chose and how much the training run on it, and the strategies compared on the subsets'
+means over their training runs. Run from the repository root:
+
+    python pipelines/newplatform/poolsize/trainseeds/trainseeds.py --markdown trainseeds/summary.md
+
+Every subset's runs: trainseeds/results/<label>-s<subset seed>-t<training seed>.json and rounds6's
+<label>-s<seed>.json (training seed = subset seed). Only subsets with every training run are read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from tcl.io import atomic_write_json, atomic_write_text
+
+HERE = Path(__file__).resolve().parent
+ROUNDS6 = HERE.parent / "rounds6" / "results"
+METRICS = {"top1": "network top-1", "task_top1": "per-task top-1"}
+NAME = re.compile(r"(?P<label>.+)-s(?P<seed>\d+)(?:-t(?P<train>\d+))?\.json$")
+
+
+def load(results: Path, rounds6: Path, labels: tuple[str, ...]) -> dict[str, dict[int, list[dict]]]:
+    """label -> subset seed -> its runs' evaluations (rounds6's first, then by training seed)."""
+    runs: dict[str, dict[int, list[tuple[int, dict]]]] = defaultdict(lambda: defaultdict(list))
+    for folder, own in ((rounds6, False), (results, True)):
+        for path in sorted(folder.glob("*.json")):
+            m = NAME.match(path.name)
+            if not m or m["label"] not in labels or (m["train"] is not None) != own:
+                continue
+            seed = int(m["seed"])
+            train = int(m["train"]) if own else seed
+            runs[m["label"]][seed].append((train if own else -1, json.loads(path.read_text())))
+    return {label: {seed: [r for _, r in sorted(rs, key=lambda t: t[0])] for seed, rs in by_seed.items()}
+            for label, by_seed in runs.items()}
+
+
+def complete(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, list[dict]]]:
+    """Only the subsets with as many runs as the most any subset has, and seeds every label has."""
+    n = max(len(rs) for by_seed in runs.values() for rs in by_seed.values())
+    seeds = set.intersection(*({s for s, rs in by_seed.items() if len(rs) == n} for by_seed in runs.values()))
+    return {label: {s: by_seed[s] for s in sorted(seeds)} for label, by_seed in runs.items()}
+
+
+def decompose(by_seed: dict[int, list[dict]], metric: str) -> dict:
+    """Within-subset (training) and between-subset variance of one run's metric."""
+    values = [[r[metric] for r in rs] for rs in by_seed.values()]
+    n = len(values[0])
+    within = statistics.fmean(statistics.variance(v) for v in values)
+    means = [statistics.fmean(v) for v in values]
+    subset = max(0.0, statistics.variance(means) - within / n)
+    return {"subsets": len(values), "runs_per_subset": n, "mean": statistics.fmean(means),
+            "sd_training": within ** 0.5, "sd_subset": subset ** 0.5,
+            "training_share": within / (within + subset) if within + subset > 0 else float("nan")}
+
+
+def paired(runs: dict[str, dict[int, list[dict]]], label: str, peer: str, metric: str) -> dict:
+    """label - peer on the subsets' means over their training runs, paired by subset seed."""
+    diffs = [statistics.fmean(r[metric] for r in runs[label][s]) - statistics.fmean(r[metric] for r in runs[peer][s])
+             for s in runs[label]]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    return {"pair": f"{label} − {peer}", "metric": metric, "subsets": len(diffs), "mean": statistics.fmean(diffs),
+            "se": se, "above": sum(d > 0 for d in diffs)}
+
+
+def whole_pool(rounds6: Path, metric: str) -> dict:
+    """The whole pool's runs (one data set: their spread is the training seed's alone)."""
+    values = [json.loads(p.read_text())[metric] for p in sorted(rounds6.glob("full-s*.json"))]
+    return {"label": "full", "metric": metric, "runs": len(values), "mean": statistics.fmean(values),
+            "sd_training": statistics.stdev(values)}
+
+
+def markdown(decomposition: list[dict], pairs: list[dict], full: list[dict]) -> str:
+    lines = ["| strategy | metric | subsets × runs | mean | sd from training | sd from the subset | training's share of a run's variance |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for d in decomposition:
+        lines.append(f"| {d['label']} | {METRICS[d['metric']]} | {d['subsets']} × {d['runs_per_subset']} | {d['mean']:.3f} "
+                     f"| {d['sd_training']:.3f} | {d['sd_subset']:.3f} | {d['training_share']:.2f} |")
+    for f in full:
+        lines.append(f"| the whole pool (one data set) | {METRICS[f['metric']]} | 1 × {f['runs']} | {f['mean']:.3f} "
+                     f"| {f['sd_training']:.3f} | | 1 |")
+    lines += ["", "| pair (subset means, paired by subset seed) | metric | subsets | mean difference | ± se | subsets above |",
+              "|---|---|---:|---:|---:|---:|"]
+    for p in pairs:
+        lines.append(f"| {p['pair']} | {METRICS[p['metric']]} | {p['subsets']} | {p['mean']:+.3f} | {p['se']:.3f} "
+                     f"| {p['above']} of {p['subsets']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--rounds6", type=Path, default=ROUNDS6)
+    ap.add_argument("--labels", default="rdu-0.1,random-0.1,kmeans-0.1", help="the first is paired with the others")
+    ap.add_argument("--summary", type=Path, default=HERE / "summary.json")
+    ap.add_argument("--markdown", type=Path, default=HERE / "summary.md")
+    args = ap.parse_args()
+    labels = tuple(args.labels.split(","))
+    runs = complete(load(args.results, args.rounds6, labels))
+    decomposition = [{"label": label, "metric": m, **decompose(runs[label], m)} for label in labels for m in METRICS]
+    pairs = [paired(runs, labels[0], peer, m) for peer in labels[1:] for m in METRICS]
+    full = [whole_pool(args.rounds6, m) for m in METRICS]
+    atomic_write_json(args.summary, {"decomposition": decomposition, "pairs": pairs, "whole_pool": full,
+                                     "subset_seeds": sorted(runs[labels[0]])})
+    text = markdown(decomposition, pairs, full)
+    atomic_write_text(args.markdown, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
