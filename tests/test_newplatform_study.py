@@ -166,3 +166,21 @@ def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
     diffs = [0.3 - 0.2, 0.7 - 0.2, 0.2 - 0.2]
     assert p["mean"] == pytest.approx(statistics.fmean(diffs)) and p["above"] == 2
     assert p["se"] == pytest.approx(statistics.stdev(diffs) / 3 ** 0.5)
+
+
+def test_whole_pool_paired_by_seed_against_a_baseline_folder(tmp_path):
+    spec = importlib.util.spec_from_file_location("newplatform_trainseeds",
+                                                  SCRIPT.parent / "poolsize" / "trainseeds" / "trainseeds.py")
+    trainseeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainseeds)
+    here, base = tmp_path / "here", tmp_path / "base"
+    here.mkdir(), base.mkdir()
+    for seed, (a, b) in enumerate([(0.5, 0.2), (0.6, 0.6), (0.4, 0.3)]):
+        (here / f"full-s{seed}.json").write_text(json.dumps({"top1": a}))
+        (base / f"full-s{seed}.json").write_text(json.dumps({"top1": b}))
+    (base / "full-s7.json").write_text(json.dumps({"top1": 0.9}))   # a seed only the baseline has
+    row = trainseeds.whole_pool_row(here, "top1", base)
+    assert row["runs"] == 3 and row["mean"] == pytest.approx(0.5)
+    b = row["against_baseline"]
+    assert b["seeds"] == [0, 1, 2] and b["mean"] == pytest.approx(statistics.fmean([0.3, 0.0, 0.1]))
+    assert b["sd_baseline"] == pytest.approx(statistics.stdev([0.2, 0.6, 0.3]))

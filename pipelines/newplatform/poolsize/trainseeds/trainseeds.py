@@ -24,10 +24,12 @@ METRICS = {"top1": "network top-1", "task_top1": "per-task top-1"}
 NAME = re.compile(r"(?P<label>.+)-s(?P<seed>\d+)(?:-t(?P<train>\d+))?\.json$")
 
 
-def load(results: Path, rounds6: Path, labels: tuple[str, ...]) -> dict[str, dict[int, list[dict]]]:
+def load(results: Path, rounds6: Path | None, labels: tuple[str, ...]) -> dict[str, dict[int, list[dict]]]:
     """label -> subset seed -> its runs' evaluations (rounds6's first, then by training seed)."""
     runs: dict[str, dict[int, list[tuple[int, dict]]]] = defaultdict(lambda: defaultdict(list))
     for folder, own in ((rounds6, False), (results, True)):
+        if folder is None:
+            continue
         for path in sorted(folder.glob("*.json")):
             m = NAME.match(path.name)
             if not m or m["label"] not in labels or (m["train"] is not None) != own:
@@ -67,11 +69,25 @@ def paired(runs: dict[str, dict[int, list[dict]]], label: str, peer: str, metric
             "se": se, "above": sum(d > 0 for d in diffs)}
 
 
-def whole_pool(rounds6: Path, metric: str) -> dict:
-    """The whole pool's runs (one data set: their spread is the training seed's alone)."""
-    values = [json.loads(p.read_text())[metric] for p in sorted(rounds6.glob("full-s*.json"))]
-    return {"label": "full", "metric": metric, "runs": len(values), "mean": statistics.fmean(values),
-            "sd_training": statistics.stdev(values)}
+def whole_pool(folder: Path, metric: str) -> dict[int, float]:
+    """seed -> the whole pool's run (one data set: their spread is the training seed's alone)."""
+    return {int(NAME.match(p.name)["seed"]): json.loads(p.read_text())[metric] for p in folder.glob("full-s*.json")}
+
+
+def whole_pool_row(folder: Path, metric: str, baseline: Path | None) -> dict:
+    """The whole pool's mean and sd over seeds; with a baseline folder, this − baseline paired by seed."""
+    runs = whole_pool(folder, metric)
+    row = {"label": "full", "metric": metric, "runs": len(runs), "mean": statistics.fmean(runs.values()),
+           "sd_training": statistics.stdev(runs.values())}
+    if baseline is not None:
+        base = whole_pool(baseline, metric)
+        seeds = sorted(set(runs) & set(base))
+        diffs = [runs[s] - base[s] for s in seeds]
+        row["against_baseline"] = {"seeds": seeds, "mean": statistics.fmean(diffs),
+                                   "se": statistics.stdev(diffs) / len(diffs) ** 0.5,
+                                   "sd_baseline": statistics.stdev(base[s] for s in seeds),
+                                   "sd_here": statistics.stdev(runs[s] for s in seeds)}
+    return row
 
 
 def markdown(decomposition: list[dict], pairs: list[dict], full: list[dict]) -> str:
@@ -83,6 +99,12 @@ def markdown(decomposition: list[dict], pairs: list[dict], full: list[dict]) -> 
     for f in full:
         lines.append(f"| the whole pool (one data set) | {METRICS[f['metric']]} | 1 × {f['runs']} | {f['mean']:.3f} "
                      f"| {f['sd_training']:.3f} | | 1 |")
+    for f in full:
+        if "against_baseline" in f:
+            b = f["against_baseline"]
+            lines.append(f"\nThe whole pool against the baseline runs, {METRICS[f['metric']]}, paired by seed "
+                         f"({len(b['seeds'])} seeds): {b['mean']:+.3f} ± {b['se']:.3f}; sd over these seeds "
+                         f"{b['sd_here']:.3f} here, {b['sd_baseline']:.3f} there.")
     lines += ["", "| pair (subset means, paired by subset seed) | metric | subsets | mean difference | ± se | subsets above |",
               "|---|---|---:|---:|---:|---:|"]
     for p in pairs:
@@ -94,16 +116,19 @@ def markdown(decomposition: list[dict], pairs: list[dict], full: list[dict]) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results")
-    ap.add_argument("--rounds6", type=Path, default=ROUNDS6)
+    ap.add_argument("--rounds6", default=str(ROUNDS6), help="'' : every run is in --results")
+    ap.add_argument("--whole-pool", type=Path, default=ROUNDS6, help="the folder of the whole pool's full-s<seed>.json")
+    ap.add_argument("--whole-pool-baseline", type=Path, default=None,
+                    help="another folder of full-s<seed>.json: the whole pool paired by seed against it")
     ap.add_argument("--labels", default="rdu-0.1,random-0.1,kmeans-0.1", help="the first is paired with the others")
     ap.add_argument("--summary", type=Path, default=HERE / "summary.json")
     ap.add_argument("--markdown", type=Path, default=HERE / "summary.md")
     args = ap.parse_args()
     labels = tuple(args.labels.split(","))
-    runs = complete(load(args.results, args.rounds6, labels))
+    runs = complete(load(args.results, Path(args.rounds6) if args.rounds6 else None, labels))
     decomposition = [{"label": label, "metric": m, **decompose(runs[label], m)} for label in labels for m in METRICS]
     pairs = [paired(runs, labels[0], peer, m) for peer in labels[1:] for m in METRICS]
-    full = [whole_pool(args.rounds6, m) for m in METRICS]
+    full = [whole_pool_row(args.whole_pool, m, args.whole_pool_baseline) for m in METRICS]
     atomic_write_json(args.summary, {"decomposition": decomposition, "pairs": pairs, "whole_pool": full,
                                      "subset_seeds": sorted(runs[labels[0]])})
     text = markdown(decomposition, pairs, full)
