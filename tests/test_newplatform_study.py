@@ -166,6 +166,9 @@ def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
     diffs = [0.3 - 0.2, 0.7 - 0.2, 0.2 - 0.2]
     assert p["mean"] == pytest.approx(statistics.fmean(diffs)) and p["above"] == 2
     assert p["se"] == pytest.approx(statistics.stdev(diffs) / 3 ** 0.5)
+    columns = [statistics.fmean([0.2 - 0.1, 0.6 - 0.3, 0.1 - 0.2]), statistics.fmean([0.4 - 0.3, 0.8 - 0.1, 0.3 - 0.2])]
+    assert p["by_training_run"] == pytest.approx(columns)
+    assert p["se_training_runs"] == pytest.approx(statistics.stdev(columns) / 2 ** 0.5)
 
 
 def test_whole_pool_paired_by_seed_against_a_baseline_folder(tmp_path):

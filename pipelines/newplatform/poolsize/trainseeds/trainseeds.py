@@ -61,12 +61,19 @@ def decompose(by_seed: dict[int, list[dict]], metric: str) -> dict:
 
 
 def paired(runs: dict[str, dict[int, list[dict]]], label: str, peer: str, metric: str) -> dict:
-    """label - peer on the subsets' means over their training runs, paired by subset seed."""
-    diffs = [statistics.fmean(r[metric] for r in runs[label][s]) - statistics.fmean(r[metric] for r in runs[peer][s])
-             for s in runs[label]]
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5
-    return {"pair": f"{label} − {peer}", "metric": metric, "subsets": len(diffs), "mean": statistics.fmean(diffs),
-            "se": se, "above": sum(d > 0 for d in diffs)}
+    """label - peer on the subsets' means over their training runs, paired by subset seed.
+
+    Every subset's k-th run has the same training seed (bar the first, the subset's own seed), so the
+    model's initial weights are shared across subsets: their effect on the difference does not average
+    out over subsets. Beside the standard error over subsets, the one over the training-seed columns
+    (the difference averaged over subsets for each training run) says how far the initial weights move it.
+    """
+    diffs = [[a[metric] - b[metric] for a, b in zip(runs[label][s], runs[peer][s])] for s in runs[label]]
+    by_subset = [statistics.fmean(d) for d in diffs]
+    by_column = [statistics.fmean(col) for col in zip(*diffs)]
+    return {"pair": f"{label} − {peer}", "metric": metric, "subsets": len(diffs), "mean": statistics.fmean(by_subset),
+            "se": statistics.stdev(by_subset) / len(by_subset) ** 0.5, "above": sum(d > 0 for d in by_subset),
+            "by_training_run": by_column, "se_training_runs": statistics.stdev(by_column) / len(by_column) ** 0.5}
 
 
 def whole_pool(folder: Path, metric: str) -> dict[int, float]:
@@ -105,11 +112,13 @@ def markdown(decomposition: list[dict], pairs: list[dict], full: list[dict]) -> 
             lines.append(f"\nThe whole pool against the baseline runs, {METRICS[f['metric']]}, paired by seed "
                          f"({len(b['seeds'])} seeds): {b['mean']:+.3f} ± {b['se']:.3f}; sd over these seeds "
                          f"{b['sd_here']:.3f} here, {b['sd_baseline']:.3f} there.")
-    lines += ["", "| pair (subset means, paired by subset seed) | metric | subsets | mean difference | ± se | subsets above |",
-              "|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| pair (subset means, paired by subset seed) | metric | subsets | mean difference | ± se over subsets "
+              "| subsets above | by training run (subset's seed, 1000, 1001, 1002) | ± se over training runs |",
+              "|---|---|---:|---:|---:|---:|---|---:|"]
     for p in pairs:
+        columns = ", ".join(f"{d:+.3f}" for d in p["by_training_run"])
         lines.append(f"| {p['pair']} | {METRICS[p['metric']]} | {p['subsets']} | {p['mean']:+.3f} | {p['se']:.3f} "
-                     f"| {p['above']} of {p['subsets']} |")
+                     f"| {p['above']} of {p['subsets']} | {columns} | {p['se_training_runs']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
