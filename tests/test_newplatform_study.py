@@ -133,11 +133,16 @@ def test_overlap_joins_programs_measured_twice_by_task_and_program():
     assert result["mean_spearman"] == pytest.approx(0.0) and result["median_ratio"] == pytest.approx(1.05)
 
 
-def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
+def _trainseeds():
     spec = importlib.util.spec_from_file_location("newplatform_trainseeds",
                                                   SCRIPT.parent / "poolsize" / "trainseeds" / "trainseeds.py")
-    trainseeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trainseeds)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
+    trainseeds = _trainseeds()
     rounds6, results = tmp_path / "rounds6", tmp_path / "results"
     rounds6.mkdir(), results.mkdir()
     # subset seed -> its runs' top-1 (rounds6's first, training seed = subset seed), two strategies
@@ -172,10 +177,7 @@ def test_training_seed_decomposition_and_subset_means_paired(tmp_path):
 
 
 def test_whole_pool_paired_by_seed_against_a_baseline_folder(tmp_path):
-    spec = importlib.util.spec_from_file_location("newplatform_trainseeds",
-                                                  SCRIPT.parent / "poolsize" / "trainseeds" / "trainseeds.py")
-    trainseeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trainseeds)
+    trainseeds = _trainseeds()
     here, base = tmp_path / "here", tmp_path / "base"
     here.mkdir(), base.mkdir()
     for seed, (a, b) in enumerate([(0.5, 0.2), (0.6, 0.6), (0.4, 0.3)]):

@@ -23,42 +23,29 @@
 # Usage: run.sh control | run.sh [SEEDS...] | run.sh baselines SEEDS... | run.sh full SEEDS...
 #   (two processes: run.sh 0 1 2 & run.sh 3 4 5). The data first: cd pipelines/newplatform &&
 #   dvc repro -s ingest@pool512 featurize@pool512 split@pool512 ingest@test featurize@test
+# Every run here keeps the epoch of the best validation top-1 (select=top1, pinned since params.yaml's
+# train.select became pairwise on 2026-12-07, so that these runs reproduce).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-export TCL_HARDWARE=pipelines/newplatform/hardware.json
+. pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/rounds6
 WORK=${WORK:-runs/poolsize-rounds6}
-DATA=pipelines/newplatform/data/split-pool512
 mkdir -p "$HERE/results" "$WORK"
 
 one() {  # one() LABEL RATIO SEED ROUNDS [STRATEGY]
   local label=$1 ratio=$2 seed=$3 rounds=$4 strategy=${5:-rdu}
   local result=$HERE/results/$label-s$seed.json name=$label-s$seed
   [ -s "$result" ] && return 0   # resumable: a finished run is kept
-  tcl sample $DATA/train.npz --ratio "$ratio" --strategy "$strategy" --rounds "$rounds" --seed "$seed" \
+  tcl sample $POOL/train.npz --ratio "$ratio" --strategy "$strategy" --rounds "$rounds" --seed "$seed" \
     --out "$WORK/$name.npz" --json | tail -1
-  tcl train --model mamba --preset kb --data "$WORK/$name.npz" --valid $DATA/valid.npz \
-    --train-set seed="$seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
-    --train-set warmup_epochs=1 --train-set schedule=cosine --train-set patience=10 --train-set threads=1 \
-    --experiment tcl-newplatform --out "$WORK/$name" --no-progress > /dev/null
-  tcl evaluate --model "$WORK/$name" --data pipelines/newplatform/data/test.npz --label "$label" \
-    --out "$result.tmp" > /dev/null
-  mv "$result.tmp" "$result"
+  train_and_score "$WORK/$name.npz" "$WORK/$name" "$label" "$result" "$seed" --train-set select=top1
 }
 
 [ "${1:-}" = control ] && { one rdu-0.05-control 0.05 3 3; exit 0; }
 if [ "${1:-}" = full ]; then   # the whole pool with today's code (issue 12's 100% reference; not in the rule)
   shift
   for seed in "$@"; do
-    result=$HERE/results/full-s$seed.json
-    [ -s "$result" ] && continue
-    tcl train --model mamba --preset kb --data $DATA/train.npz --valid $DATA/valid.npz \
-      --train-set seed="$seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
-      --train-set warmup_epochs=1 --train-set schedule=cosine --train-set patience=10 --train-set threads=1 \
-      --experiment tcl-newplatform --out "$WORK/full-s$seed" --no-progress > /dev/null
-    tcl evaluate --model "$WORK/full-s$seed" --data pipelines/newplatform/data/test.npz --label full \
-      --out "$result.tmp" > /dev/null
-    mv "$result.tmp" "$result"
+    train_and_score $POOL/train.npz "$WORK/full-s$seed" full "$HERE/results/full-s$seed.json" "$seed" --train-set select=top1
   done
   exit 0
 fi

@@ -14,40 +14,35 @@
 # default) becomes pairwise only if on the whole pool (seeds 0-11, paired by seed with rounds6's top1
 # runs) the sd of network top-1 over seeds is not larger and the mean network top-1 is not lower by more
 # than one standard error of the paired difference; the sampling figures are then re-read with it.
+# Extended (session 44, committed after the 10% reading, before these runs): the same at 5%
+# (RATIO=0.05 pairwise.sh SEEDS...), read the same way, because issue 12 asks for RDU above every
+# baseline at 5% too; it changes no setting.
 # Results: trainseeds/results-pairwise/<label>-s<subset seed>-t<training seed>.json, full-s<seed>.json.
-# Usage: pairwise.sh full SEEDS... | pairwise.sh SEEDS...   (two processes, as run.sh)
+# Usage: pairwise.sh full SEEDS... | [RATIO=0.05] pairwise.sh SEEDS...   (two processes, as run.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-export TCL_HARDWARE=pipelines/newplatform/hardware.json
+. pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/trainseeds
 WORK=${WORK:-runs/poolsize-rounds6}
-DATA=pipelines/newplatform/data/split-pool512
 OUT=$HERE/results-pairwise
 mkdir -p "$OUT" "$WORK/pairwise"
+ratio=${RATIO:-0.1}
 
-one() {  # one() DATA.npz NAME LABEL TRAIN_SEED: train with select=pairwise, score on the held-out tasks
-  local data=$1 name=$2 label=$3 train_seed=$4 result=$OUT/$2.json
-  [ -s "$result" ] && return 0   # resumable: a finished run is kept
-  tcl train --model mamba --preset kb --data "$data" --valid $DATA/valid.npz --train-set select=pairwise \
-    --train-set seed="$train_seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
-    --train-set warmup_epochs=1 --train-set schedule=cosine --train-set patience=10 --train-set threads=1 \
-    --experiment tcl-newplatform --out "$WORK/pairwise/$name" --no-progress > /dev/null
-  tcl evaluate --model "$WORK/pairwise/$name" --data pipelines/newplatform/data/test.npz --label "$label" \
-    --out "$result.tmp" > /dev/null
-  mv "$result.tmp" "$result"
+one() {  # one() DATA.npz NAME LABEL TRAIN_SEED
+  train_and_score "$1" "$WORK/pairwise/$2" "$3" "$OUT/$2.json" "$4" --train-set select=pairwise
 }
 
 if [ "${1:-}" = full ]; then
   shift
-  for seed in "$@"; do one $DATA/train.npz "full-s$seed" full "$seed"; done
+  for seed in "$@"; do one $POOL/train.npz "full-s$seed" full "$seed"; done
   exit 0
 fi
 for seed in "$@"; do
   for strategy in rdu random kmeans; do
-    subset=$WORK/$strategy-0.1-s$seed.npz
-    [ -s "$subset" ] || { echo "missing $subset: run.sh $seed first" >&2; exit 1; }
+    subset=$WORK/$strategy-$ratio-s$seed.npz
+    [ -s "$subset" ] || { echo "missing $subset: RATIO=$ratio run.sh $seed first" >&2; exit 1; }
     for train_seed in "$seed" 1000 1001 1002; do
-      one "$subset" "$strategy-0.1-s$seed-t$train_seed" "$strategy-0.1" "$train_seed"
+      one "$subset" "$strategy-$ratio-s$seed-t$train_seed" "$strategy-$ratio" "$train_seed"
     done
   done
 done

@@ -20,30 +20,25 @@
 # baseline at 5% too.
 # Results: trainseeds/results/<strategy>-<ratio>-s<subset seed>-t<training seed>.json. Usage: [RATIO=0.05]
 # run.sh SEEDS... (two processes: run.sh 0 ... 5 & run.sh 6 ... 11). Data first: as rounds6/run.sh says.
+# Every run here keeps the epoch of the best validation top-1 (select=top1, pinned since params.yaml's
+# train.select became pairwise on 2026-12-07, as rounds6's runs it pairs with).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-export TCL_HARDWARE=pipelines/newplatform/hardware.json
+. pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/trainseeds
 WORK=${WORK:-runs/poolsize-rounds6}
-DATA=pipelines/newplatform/data/split-pool512
 mkdir -p "$HERE/results" "$WORK"
 ratio=${RATIO:-0.1}
 
 for seed in "$@"; do
   for strategy in rdu random kmeans; do
     subset=$WORK/$strategy-$ratio-s$seed.npz
-    [ -s "$subset" ] || tcl sample $DATA/train.npz --ratio "$ratio" --strategy "$strategy" --rounds 3 --seed "$seed" \
+    [ -s "$subset" ] || tcl sample $POOL/train.npz --ratio "$ratio" --strategy "$strategy" --rounds 3 --seed "$seed" \
       --out "$subset" --json | tail -1
     for train_seed in 1000 1001 1002; do
-      name=$strategy-$ratio-s$seed-t$train_seed result=$HERE/results/$strategy-$ratio-s$seed-t$train_seed.json
-      [ -s "$result" ] && continue   # resumable: a finished run is kept
-      tcl train --model mamba --preset kb --data "$subset" --valid $DATA/valid.npz \
-        --train-set seed="$train_seed" --train-set epochs=30 --train-set batch_size=64 --train-set lr=0.002 \
-        --train-set warmup_epochs=1 --train-set schedule=cosine --train-set patience=10 --train-set threads=1 \
-        --experiment tcl-newplatform --out "$WORK/$name" --no-progress > /dev/null
-      tcl evaluate --model "$WORK/$name" --data pipelines/newplatform/data/test.npz --label "$strategy-$ratio" \
-        --out "$result.tmp" > /dev/null
-      mv "$result.tmp" "$result"
+      name=$strategy-$ratio-s$seed-t$train_seed
+      train_and_score "$subset" "$WORK/$name" "$strategy-$ratio" "$HERE/results/$name.json" "$train_seed" \
+        --train-set select=top1
     done
   done
 done
