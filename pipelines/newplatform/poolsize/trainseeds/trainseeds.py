@@ -2,10 +2,14 @@
 the subset it chose and how much the training run on it, and the strategies compared on the subsets'
 means over their training runs. Run from the repository root:
 
-    python pipelines/newplatform/poolsize/trainseeds/trainseeds.py --markdown trainseeds/summary.md
+    T=pipelines/newplatform/poolsize/trainseeds
+    python $T/trainseeds.py --summary $T/summary-10.json --markdown $T/summary-10.md      # run.sh's runs
+    python $T/trainseeds.py --results $T/results-pairwise --rounds6 '' --whole-pool $T/results-pairwise \
+        --whole-pool-baseline pipelines/newplatform/poolsize/rounds6/results ...           # pairwise.sh's
 
-Every subset's runs: trainseeds/results/<label>-s<subset seed>-t<training seed>.json and rounds6's
-<label>-s<seed>.json (training seed = subset seed). Only subsets with every training run are read."""
+Every subset's runs: <results>/<label>-s<subset seed>-t<training seed>.json and rounds6's
+<label>-s<seed>.json (training seed = subset seed; the first run). Only subsets with every training run
+are read."""
 
 from __future__ import annotations
 
@@ -34,9 +38,8 @@ def load(results: Path, rounds6: Path | None, labels: tuple[str, ...]) -> dict[s
             m = NAME.match(path.name)
             if not m or m["label"] not in labels or (m["train"] is not None) != own:
                 continue
-            seed = int(m["seed"])
-            train = int(m["train"]) if own else seed
-            runs[m["label"]][seed].append((train if own else -1, json.loads(path.read_text())))
+            order = int(m["train"]) if own else -1   # rounds6's run first
+            runs[m["label"]][int(m["seed"])].append((order, json.loads(path.read_text())))
     return {label: {seed: [r for _, r in sorted(rs, key=lambda t: t[0])] for seed, rs in by_seed.items()}
             for label, by_seed in runs.items()}
 
