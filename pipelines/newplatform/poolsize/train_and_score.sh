@@ -4,6 +4,7 @@
 export TCL_HARDWARE=pipelines/newplatform/hardware.json
 POOL=pipelines/newplatform/data/split-pool512
 TEST=pipelines/newplatform/data/test.npz
+WORK=${WORK:-runs/poolsize-rounds6}   # subsets and models (git-ignored)
 
 # train_and_score DATA.npz MODEL_DIR LABEL RESULT.json SEED [--train-set KEY=VALUE ...]: a KB from
 # scratch with the main job's training (early stopping on the pool's 4 validation tasks), scored on

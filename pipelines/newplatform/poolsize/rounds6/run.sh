@@ -29,7 +29,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 . pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/rounds6
-WORK=${WORK:-runs/poolsize-rounds6}
 mkdir -p "$HERE/results" "$WORK"
 
 one() {  # one() LABEL RATIO SEED ROUNDS [STRATEGY]

@@ -23,7 +23,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 . pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/trainseeds
-WORK=${WORK:-runs/poolsize-rounds6}
 OUT=$HERE/results-pairwise
 mkdir -p "$OUT" "$WORK/pairwise"
 ratio=${RATIO:-0.1}

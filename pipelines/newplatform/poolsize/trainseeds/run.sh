@@ -26,7 +26,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 . pipelines/newplatform/poolsize/train_and_score.sh
 HERE=pipelines/newplatform/poolsize/trainseeds
-WORK=${WORK:-runs/poolsize-rounds6}
 mkdir -p "$HERE/results" "$WORK"
 ratio=${RATIO:-0.1}
 
