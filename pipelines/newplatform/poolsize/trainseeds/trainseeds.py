@@ -51,6 +51,11 @@ def complete(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, list
     return {label: {s: by_seed[s] for s in sorted(seeds)} for label, by_seed in runs.items()}
 
 
+def standard_error(values) -> float:
+    values = list(values)
+    return statistics.stdev(values) / len(values) ** 0.5
+
+
 def decompose(by_seed: dict[int, list[dict]], metric: str) -> dict:
     """Within-subset (training) and between-subset variance of one run's metric."""
     values = [[r[metric] for r in rs] for rs in by_seed.values()]
@@ -75,8 +80,8 @@ def paired(runs: dict[str, dict[int, list[dict]]], label: str, peer: str, metric
     by_subset = [statistics.fmean(d) for d in diffs]
     by_column = [statistics.fmean(col) for col in zip(*diffs)]
     return {"pair": f"{label} − {peer}", "metric": metric, "subsets": len(diffs), "mean": statistics.fmean(by_subset),
-            "se": statistics.stdev(by_subset) / len(by_subset) ** 0.5, "above": sum(d > 0 for d in by_subset),
-            "by_training_run": by_column, "se_training_runs": statistics.stdev(by_column) / len(by_column) ** 0.5}
+            "se": standard_error(by_subset), "above": sum(d > 0 for d in by_subset),
+            "by_training_run": by_column, "se_training_runs": standard_error(by_column)}
 
 
 def whole_pool(folder: Path, metric: str) -> dict[int, float]:
@@ -94,7 +99,7 @@ def whole_pool_row(folder: Path, metric: str, baseline: Path | None) -> dict:
         seeds = sorted(set(runs) & set(base))
         diffs = [runs[s] - base[s] for s in seeds]
         row["against_baseline"] = {"seeds": seeds, "mean": statistics.fmean(diffs),
-                                   "se": statistics.stdev(diffs) / len(diffs) ** 0.5,
+                                   "se": standard_error(diffs),
                                    "sd_baseline": statistics.stdev(base[s] for s in seeds),
                                    "sd_here": statistics.stdev(runs[s] for s in seeds)}
     return row
