@@ -124,6 +124,41 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
     assert "| 10% | rdu2 − rdu | 4 | +0.050 |" in text
 
 
+def test_cv_summary_averages_a_subsets_training_runs_before_comparing(tmp_path):
+    """`train_runs`: each subset's runs (rows differing only in `train_seed`) count once, as their mean;
+    the paired difference and its se are over subsets; `train sd` is the sd between a subset's runs."""
+    def row(candidate, fold, train_seed, task_top1):
+        return {"platform": "a", "candidate": candidate, "ratio": 0.1, "seed": 0, "fold": fold,
+                "train_seed": train_seed, "selected": 10, "held_tasks": [], "sampler_seconds": 1.0,
+                "task_top1": task_top1, "task_top5": 0.9, "top1": task_top1, "top5": 0.9, "pairwise": 0.6,
+                "seconds": 2.0}
+
+    # fold 0: rdu runs 0.6 / 0.8 (mean 0.7), random 0.5 / 0.5; fold 1: rdu 0.4 / 0.4, random 0.2 / 0.4 (0.3)
+    scores = {("rdu", 0): [0.6, 0.8], ("random", 0): [0.5, 0.5], ("rdu", 1): [0.4, 0.4], ("random", 1): [0.2, 0.4]}
+    runs = tmp_path / "cv"
+    runs.mkdir()
+    rows = [row(cand, fold, 100 * r, v) for (cand, fold), vs in scores.items() for r, v in enumerate(vs)]
+    (runs / "a.json").write_text(json.dumps(
+        {"platform": "a", "cv": {}, "train_programs": 40, "train_tasks": 4, "runs": rows}))
+    study = tmp_path / "params.yaml"
+    study.write_text("cv:\n  platforms: [a]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
+                     "  train_runs: 2\n  reference: random\n  candidates: {rdu: {}, random: {strategy: random}}\n")
+    out, md = tmp_path / "cv.json", tmp_path / "cv.md"
+    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
+                    "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
+    summary = json.loads(out.read_text())
+    cells = {c["candidate"]: c for c in summary["summary"]}
+    assert cells["rdu"]["runs"] == 2 and cells["rdu"]["train_runs"] == 2
+    assert cells["rdu"]["task_top1"] == pytest.approx(0.55)
+    assert cells["rdu"]["task_top1_sd"] == pytest.approx(np.std([0.7, 0.4], ddof=1))
+    # the sd between a subset's runs, averaged over subsets: rdu (0.1414 + 0) / 2, random (0 + 0.1414) / 2
+    assert cells["rdu"]["task_top1_train_sd"] == pytest.approx(np.std([0.6, 0.8], ddof=1) / 2)
+    (diff,) = summary["paired"]
+    assert diff["runs"] == 2 and diff["mean"] == pytest.approx((0.2 + 0.1) / 2)
+    assert diff["se"] == pytest.approx(np.std([0.2, 0.1], ddof=1) / np.sqrt(2))
+    assert "Each subset trained 2 times" in md.read_text()
+
+
 EQUAL_STEPS_SCRIPT = ROOT / "pipelines" / "sampling" / "equal_steps.py"
 
 

@@ -28,6 +28,11 @@ candidate's `kb:` overrides that KB's model config (e.g. `{dropout: 0.1}`: a KB 
 dropout, whose MC dropout then serves from the first round), its `kb_seeds` (a list) samples with
 an ensemble of KBs trained with those seeds (`tcl sample --model` repeated); one KB is trained per
 distinct `kb:` and seed.
+
+`train_runs: n` (default 1) trains each subset n times, with training seeds seed, seed + 100, ...:
+a model's training run moves its held-out top-1 about as much as the subset does (docs/sampling.md,
+*The subset or the training run?*), so the summaries first average a subset's runs (each row keeps its
+`train_seed`), then compare subsets; the markdown adds the sd between a subset's training runs.
 """
 
 from __future__ import annotations
@@ -69,19 +74,43 @@ def candidate_params(params: dict, override: dict) -> dict:
     return out
 
 
+TRAIN_SEED_STEP = 100  # training run r of a subset sampled with seed s trains with seed s + 100·r
+
+
+def subset_means(rows: list[dict]) -> list[dict]:
+    """One row per subset (platform, candidate, ratio, fold, seed): its training runs' mean of each
+    metric, `train_runs` their number and `<key>_train_sd` their sd (0 for a single run)."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["platform"], r["candidate"], r["ratio"], r["fold"], r["seed"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        row = {**rs[0], "train_runs": len(rs),
+               "sampler_seconds": float(np.mean([r["sampler_seconds"] for r in rs]))}
+        for k in KEYS:
+            v = np.array([r[k] for r in rs])
+            row[k] = float(v.mean())
+            row[f"{k}_train_sd"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+        out.append(row)
+    return out
+
+
 def summarize(rows: list[dict]) -> list[dict]:
+    """Mean, sd and se of each metric over a candidate's subsets (rows of `subset_means`)."""
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["candidate"], r["ratio"]), []).append(r)
     out = []
     for (name, ratio), rs in groups.items():
         cell = {"candidate": name, "ratio": ratio, "runs": len(rs),
+                "train_runs": int(np.mean([r.get("train_runs", 1) for r in rs])),
                 "sampler_seconds": float(np.mean([r["sampler_seconds"] for r in rs]))}
         for k in KEYS:
             v = np.array([r[k] for r in rs])
             cell[k] = float(v.mean())
             cell[f"{k}_sd"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
             cell[f"{k}_se"] = cell[f"{k}_sd"] / np.sqrt(len(v))
+            cell[f"{k}_train_sd"] = float(np.mean([r.get(f"{k}_train_sd", 0.0) for r in rs]))
         out.append(cell)
     return sorted(out, key=lambda c: (c["ratio"], -c["task_top1"]))
 
@@ -107,14 +136,19 @@ def paired(rows: list[dict], reference: str, key: str = "task_top1") -> list[dic
 def markdown(cells: list[dict], diffs: list[dict], per_platform: dict[str, list[dict]], cv: dict,
              sizes: dict[str, dict], pairs: list[dict] = ()) -> str:
     platforms = ", ".join(f"{p} ({n['programs']} programs, {n['tasks']} tasks)" for p, n in sizes.items())
+    train_runs = max(c["train_runs"] for c in cells)
+    trained = (f" Each subset trained {train_runs} times (training seeds seed + {TRAIN_SEED_STEP}·r): their mean is "
+               "the subset's figure, and `train sd` the sd of task top-1 between a subset's runs."
+               if train_runs > 1 else "")
     lines = [f"Cross-validation over the training tasks of {platforms}; {cv['folds']} folds by task, seeds "
              f"{', '.join(map(str, cv['seeds']))}: mean ± sd over platforms × folds × seeds "
-             "(± se: the standard error of the mean).", "",
-             "| ratio | candidate | runs | task top-1 | ± se | task top-5 | top-1 | top-5 | pairwise | sampler s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "(± se: the standard error of the mean)." + trained, "",
+             "| ratio | candidate | runs | task top-1 | ± se | train sd | task top-5 | top-1 | top-5 | pairwise | sampler s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in cells:
         lines.append(f"| {c['ratio']:.0%} | {c['candidate']} | {c['runs']} | {c['task_top1']:.3f} ± {c['task_top1_sd']:.3f} "
-                     f"| {c['task_top1_se']:.3f} | {c['task_top5']:.3f} ± {c['task_top5_sd']:.3f} "
+                     f"| {c['task_top1_se']:.3f} | {c['task_top1_train_sd']:.3f} "
+                     f"| {c['task_top5']:.3f} ± {c['task_top5_sd']:.3f} "
                      f"| {c['top1']:.3f} ± {c['top1_sd']:.3f} | {c['top5']:.3f} ± {c['top5_sd']:.3f} "
                      f"| {c['pairwise']:.3f} | {c['sampler_seconds']:.2f} |")
     if diffs:
@@ -209,11 +243,14 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             sub, sel = sample_features(pool, ratio, spec.get("strategy", "rdu"),
                                        candidate_params(params, spec.get("sample", {})),
                                        model=given(spec) if name in wants_kb else None, seed=seed)
-            rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
-                         "selected": len(sub), "held_tasks": [train.tasks[t] for t in folds[f]],
-                         "sampler_seconds": sel.seconds,
-                         **train_and_score(sub, valid, held, params, seed, KEYS, threads=1),
-                         "seconds": time.perf_counter() - t0})
+            for run in range(int(cv.get("train_runs", 1))):
+                train_seed = seed + TRAIN_SEED_STEP * run
+                rows.append({"platform": platform, "candidate": name, "ratio": ratio, "seed": seed, "fold": f,
+                             "train_seed": train_seed, "selected": len(sub),
+                             "held_tasks": [train.tasks[t] for t in folds[f]], "sampler_seconds": sel.seconds,
+                             **train_and_score(sub, valid, held, params, train_seed, KEYS, threads=1),
+                             "seconds": time.perf_counter() - t0})
+                t0 = time.perf_counter()
     return {"platform": platform, "cv": cv, "train_programs": len(train), "train_tasks": len(train.tasks),
             "sibling_kbs": list(kbs.values()), "runs": rows}
 
@@ -230,10 +267,11 @@ def pool_parts(platform: str, runs: str) -> dict:
 
 def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
     """Pool the platforms' runs: the summary JSON and its markdown."""
-    rows = [r for res in results for r in res["runs"]]
+    rows = subset_means([r for res in results for r in res["runs"]])
     reference = cv.get("reference", "random")
     cells, diffs = summarize(rows), paired(rows, reference)
-    per_platform = {res["platform"]: paired(res["runs"], reference) for res in results}
+    per_platform = {res["platform"]: paired([r for r in rows if r["platform"] == res["platform"]], reference)
+                    for res in results}
     sizes = {res["platform"]: {"programs": res["train_programs"], "tasks": res["train_tasks"]} for res in results}
     # `cv.pairs`: [candidate, other] compared directly (e.g. a setting with and without one change)
     pairs = [d for first, second in cv.get("pairs") or []
