@@ -17,6 +17,13 @@
 # Extended (session 44, committed after the 10% reading, before these runs): the same at 5%
 # (RATIO=0.05 pairwise.sh SEEDS...), read the same way, because issue 12 asks for RDU above every
 # baseline at 5% too; it changes no setting.
+# Extended (session 45, 2026-12-07 19:50 UTC, committed before these runs): subset seeds 12-23 of rdu, random
+# and kmeans at 10% (`pairwise.sh 12 ... 23`; a missing subset is drawn with rounds6's command), because at
+# 10% RDU - kmeans read -0.065 ± 0.036 network top-1 on 12 subsets (1.8 se) while the cross-validation
+# reads them level (pipelines/sampling cv_pool512_trainruns). The reading, whatever it shows: subsets
+# 0-23 pooled (trainseeds.py --results results-pairwise --rounds6 '' ..., which reads every complete subset:
+# summary-pairwise-10-0-23.md), issue 12's 10% targets on the means with RDU - each baseline paired by
+# subset, the larger of the two standard errors; it changes no setting.
 # Results: trainseeds/results-pairwise/<label>-s<subset seed>-t<training seed>.json, full-s<seed>.json.
 # Usage: pairwise.sh full SEEDS... | [RATIO=0.05] pairwise.sh SEEDS...   (two processes, as run.sh)
 set -euo pipefail
@@ -39,7 +46,8 @@ fi
 for seed in "$@"; do
   for strategy in rdu random kmeans; do
     subset=$WORK/$strategy-$ratio-s$seed.npz
-    [ -s "$subset" ] || { echo "missing $subset: RATIO=$ratio run.sh $seed first" >&2; exit 1; }
+    [ -s "$subset" ] || tcl sample $POOL/train.npz --ratio "$ratio" --strategy "$strategy" --rounds 3 \
+      --seed "$seed" --out "$subset" --json | tail -1   # rounds6/run.sh's command for the same subset
     for train_seed in "$seed" 1000 1001 1002; do
       one "$subset" "$strategy-$ratio-s$seed-t$train_seed" "$strategy-$ratio" "$train_seed"
     done
