@@ -78,6 +78,14 @@ def test_study_summary_names_a_metrics_file_without_a_ratio_label(tmp_path):
 CV_SCRIPT = ROOT / "pipelines" / "sampling" / "cv_settings.py"
 
 
+def _cv_summary(tmp_path: Path, runs: Path, study: Path) -> tuple[dict, Path]:
+    """`cv_settings.py summary` over the `run` outputs in `runs`: its JSON and the markdown's path."""
+    out, md = tmp_path / "cv.json", tmp_path / "cv.md"
+    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
+                    "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
+    return json.loads(out.read_text()), md
+
+
 def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_path):
     """Two platforms' `run` outputs, scores by hand: the pooled means, and the paired difference
     taken against the reference of the same platform, fold and seed only."""
@@ -103,10 +111,7 @@ def test_cv_summary_pools_platforms_and_pairs_within_platform_fold_and_seed(tmp_
     study.write_text("cv:\n  platforms: [a, b]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
                      "  reference: random\n  candidates: {rdu: {}, rdu2: {}, random: {strategy: random}}\n"
                      "  pairs: [[rdu2, rdu]]\n")
-    out, md = tmp_path / "cv.json", tmp_path / "cv.md"
-    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
-                    "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
-    summary = json.loads(out.read_text())
+    summary, md = _cv_summary(tmp_path, runs, study)
     cells = {c["candidate"]: c for c in summary["summary"]}
     assert cells["rdu"]["runs"] == 4 and cells["rdu"]["task_top1"] == pytest.approx((0.9 + 0.8 + 0.15 + 0.25) / 4)
     assert cells["random"]["task_top1"] == pytest.approx(0.5)
@@ -143,10 +148,7 @@ def test_cv_summary_averages_a_subsets_training_runs_before_comparing(tmp_path):
     study = tmp_path / "params.yaml"
     study.write_text("cv:\n  platforms: [a]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
                      "  train_runs: 2\n  reference: random\n  candidates: {rdu: {}, random: {strategy: random}}\n")
-    out, md = tmp_path / "cv.json", tmp_path / "cv.md"
-    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
-                    "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
-    summary = json.loads(out.read_text())
+    summary, md = _cv_summary(tmp_path, runs, study)
     cells = {c["candidate"]: c for c in summary["summary"]}
     assert cells["rdu"]["runs"] == 2 and cells["rdu"]["train_runs"] == 2
     assert cells["rdu"]["task_top1"] == pytest.approx(0.55)
