@@ -6,7 +6,7 @@ worst drop. Run from the repository root, e.g. (sourcesets.sh's reading):
         --markdown pipelines/continual/rerun-2026-12-07/sourcesets-x86-sse.md
 
 A run is <family>-<variant>-<sources>-s<seed>.json (`tcl ckd-study run --out`); a label is
-<variant>-<sources>. Only seeds both labels have are paired."""
+<variant>-<sources>. Every figure is on the first label's seeds (and of those, the ones the other has)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def table(folder: Path, family: str, label: str, others: list[str]) -> str:
         raise SystemExit(f"paired.py: no {family}-{label}-s<seed>.json under {folder}")
     lines = [f"{family}: {label} over seeds {min(mine)}-{max(mine)} ({len(mine)} runs)", "",
              "| run | seeds | network top-1 | per-task top-1 | worst source drop (points) |", "|---|---:|---:|---:|---:|"]
-    for name in [label, *others]:
-        rs = runs_of(folder, family, name)
+    for name in [label, *others]:  # on the label's seeds only, as the pairs below
+        rs = {seed: r for seed, r in runs_of(folder, family, name).items() if seed in mine}
         cells = [f"{statistics.fmean(r[k] for r in rs.values()):.3f}"
                  + (f" ± {statistics.stdev(r[k] for r in rs.values()):.3f}" if len(rs) > 1 else "") for k in METRICS]
         drops = [d for d in map(worst_drop, rs.values()) if d is not None]
