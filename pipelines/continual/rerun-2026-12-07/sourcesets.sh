@@ -11,6 +11,10 @@
 # (mean ± standard error), network and per-task top-1; issue 13's target (CKD on 10% >= from scratch on
 # 100%) read on the means per source set, and the sources' drop as in (a). It changes no setting: the main
 # job's sources stay the family's own platforms (issue 13 item 6).
+# Extended (session 45, committed after reading seeds 0-8, before these runs): x86-sse seeds 9-17, because
+# there ckd-all against scratch-100 read -0.019 ± 0.062 network top-1 on seeds 0-8 (level within one se)
+# and run.sh's other variants have seeds 0-17. The reading, whatever it shows: x86-sse seeds 0-17 pooled
+# (paired.py x86-sse ckd-all ... -> sourcesets-x86-sse-0-17.md), as above; it changes no setting.
 # Results: <family>-ckd-<cross|all>-s<seed>.json here; KBs in $WORK. Usage: sourcesets.sh FAMILY SEEDS...
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
