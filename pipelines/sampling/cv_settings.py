@@ -103,14 +103,14 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for (name, ratio), rs in groups.items():
         cell = {"candidate": name, "ratio": ratio, "runs": len(rs),
-                "train_runs": int(np.mean([r.get("train_runs", 1) for r in rs])),
+                "train_runs": max(r["train_runs"] for r in rs),
                 "sampler_seconds": float(np.mean([r["sampler_seconds"] for r in rs]))}
         for k in KEYS:
             v = np.array([r[k] for r in rs])
             cell[k] = float(v.mean())
             cell[f"{k}_sd"] = float(v.std(ddof=1)) if len(v) > 1 else 0.0
             cell[f"{k}_se"] = cell[f"{k}_sd"] / np.sqrt(len(v))
-            cell[f"{k}_train_sd"] = float(np.mean([r.get(f"{k}_train_sd", 0.0) for r in rs]))
+            cell[f"{k}_train_sd"] = float(np.mean([r[f"{k}_train_sd"] for r in rs]))
         out.append(cell)
     return sorted(out, key=lambda c: (c["ratio"], -c["task_top1"]))
 

@@ -41,25 +41,26 @@ def table(folder: Path, family: str, label: str, others: list[str]) -> str:
     mine = runs_of(folder, family, label)
     if not mine:
         raise SystemExit(f"paired.py: no {family}-{label}-s<seed>.json under {folder}")
+    # every label on the first one's seeds only (and of those, the ones it has)
+    runs = {name: {seed: r for seed, r in runs_of(folder, family, name).items() if seed in mine}
+            for name in [label, *others]}
     lines = [f"{family}: {label} over seeds {min(mine)}-{max(mine)} ({len(mine)} runs)", "",
              "| run | seeds | network top-1 | per-task top-1 | worst source drop (points) |", "|---|---:|---:|---:|---:|"]
-    for name in [label, *others]:  # on the label's seeds only, as the pairs below
-        rs = {seed: r for seed, r in runs_of(folder, family, name).items() if seed in mine}
+    for name, rs in runs.items():
         cells = [f"{statistics.fmean(r[k] for r in rs.values()):.3f}"
                  + (f" ± {statistics.stdev(r[k] for r in rs.values()):.3f}" if len(rs) > 1 else "") for k in METRICS]
         drops = [d for d in map(worst_drop, rs.values()) if d is not None]
-        lines.append(f"| {name} | {len(rs)} | {cells[0]} | {cells[1]} | {100 * max(drops):.1f} |" if drops else
-                     f"| {name} | {len(rs)} | {cells[0]} | {cells[1]} | - |")
+        lines.append(f"| {name} | {len(rs)} | {cells[0]} | {cells[1]} | "
+                     + (f"{100 * max(drops):.1f} |" if drops else "- |"))
     lines += ["", f"| {label} − it, paired by seed | seeds | network top-1 | seeds above | per-task top-1 | seeds above |",
               "|---|---:|---:|---:|---:|---:|"]
     for name in others:
-        theirs = runs_of(folder, family, name)
-        seeds = sorted(set(mine) & set(theirs))
+        seeds = sorted(runs[name])
         if not seeds:
             continue
         row = [f"| {name} | {len(seeds)} "]
         for k in METRICS:
-            d = [mine[s][k] - theirs[s][k] for s in seeds]
+            d = [mine[s][k] - runs[name][s][k] for s in seeds]
             m, se = mean_se(d)
             row.append(f"| {m:+.3f} ± {se:.3f} | {sum(x > 0 for x in d)} of {len(d)} ")
         lines.append("".join(row) + "|")
