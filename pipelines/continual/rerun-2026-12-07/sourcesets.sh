@@ -15,6 +15,11 @@
 # there ckd-all against scratch-100 read -0.019 ± 0.062 network top-1 on seeds 0-8 (level within one se)
 # and run.sh's other variants have seeds 0-17. The reading, whatever it shows: x86-sse seeds 0-17 pooled
 # (paired.py x86-sse ckd-all ... -> sourcesets-x86-sse-0-17.md), as above; it changes no setting.
+# Extended (session 46, 2026-12-07 22:25 UTC, committed before these runs): amd-zen4-avx512 seeds 9-17, so that
+# both families' Table 5 rows stand on 18 seeds as run.sh's other variants do (seeds 0-8 read ckd-all against
+# scratch-100 -0.001 ± 0.025 network, -0.043 ± 0.018 per task). The reading, whatever it shows: amd seeds 0-17
+# pooled (paired.py amd-zen4-avx512 ckd-all ... -> sourcesets-amd-zen4-avx512-0-17.md), as above; it changes
+# no setting.
 # Results: <family>-ckd-<cross|all>-s<seed>.json here; KBs in $WORK. Usage: sourcesets.sh FAMILY SEEDS...
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
