@@ -255,19 +255,21 @@ def run_platform(platform: str, params: dict, cv: dict) -> dict:
             "sibling_kbs": list(kbs.values()), "runs": rows}
 
 
-def pool_parts(platform: str, runs: str) -> dict:
+def pool_parts(platform: str, runs: list[str]) -> dict:
     """One platform's `run` output: <platform>.json, or its parts <platform>.<part>.json (runs
-    split by ratio or seed) as one, their runs concatenated."""
-    files = sorted(Path(runs).glob(f"{platform}.json")) or sorted(Path(runs).glob(f"{platform}.*.json"))
+    split by ratio or seed), in each folder of `runs`, as one, their runs concatenated."""
+    files = [f for folder in runs for f in (sorted(Path(folder).glob(f"{platform}.json"))
+                                            or sorted(Path(folder).glob(f"{platform}.*.json")))]
     if not files:
-        raise SystemExit(f"cv summary: no {platform}.json or {platform}.<part>.json under {runs}")
+        raise SystemExit(f"cv summary: no {platform}.json or {platform}.<part>.json under {', '.join(runs)}")
     parts = [json.loads(f.read_text()) for f in files]
     return {**parts[0], "runs": [r for part in parts for r in part["runs"]]}
 
 
 def summarize_platforms(results: list[dict], cv: dict) -> tuple[dict, str]:
     """Pool the platforms' runs: the summary JSON and its markdown."""
-    rows = subset_means([r for res in results for r in res["runs"]])
+    # only the section's candidates: a reused folder may hold others
+    rows = subset_means([r for res in results for r in res["runs"] if r["candidate"] in cv["candidates"]])
     reference = cv.get("reference", "random")
     cells, diffs = summarize(rows), paired(rows, reference)
     per_platform = {res["platform"]: paired([r for r in rows if r["platform"] == res["platform"]], reference)
@@ -292,9 +294,12 @@ def main() -> None:
     run.add_argument("--ratios", help="comma-separated: run only these of the section's ratios "
                                       "(two processes sharing a study; `summary` pools the parts)")
     run.add_argument("--seeds", help="comma-separated: run only these of the section's seeds")
+    run.add_argument("--candidates", help="comma-separated: run only these of the section's candidates "
+                                          "(the others' runs come from an earlier study's `--runs` folder)")
     summary = sub.add_parser("summary", help="pool the platforms' runs")
-    summary.add_argument("--runs", required=True,
-                         help="folder of `run` outputs (<platform>.json, or parts <platform>.<part>.json)")
+    summary.add_argument("--runs", required=True, action="append",
+                         help="folder of `run` outputs (<platform>.json, or parts <platform>.<part>.json); "
+                              "repeated: the folders' runs pooled (a study reusing an earlier one's runs)")
     summary.add_argument("--study-params", default="pipelines/sampling/params.yaml")
     summary.add_argument("--out", required=True)
     summary.add_argument("--markdown", required=True)
@@ -305,6 +310,11 @@ def main() -> None:
     if a.command == "run":
         cv = {**cv, **{key: [cast(v) for v in getattr(a, key).split(",")]
                        for key, cast in (("ratios", float), ("seeds", int)) if getattr(a, key)}}
+        if a.candidates:
+            unknown = set(a.candidates.split(",")) - set(cv["candidates"])
+            if unknown:
+                raise SystemExit(f"cv run: {sorted(unknown)} not among section {a.section}'s candidates")
+            cv["candidates"] = {n: spec for n, spec in cv["candidates"].items() if n in a.candidates.split(",")}
         atomic_write_json(a.out, run_platform(a.platform, load_params(a.params), cv))
         return
     # the platforms of params.yaml, in its order: a stale file of a dropped platform is not read

@@ -1,0 +1,143 @@
+"""Which held-out tasks make the 10% strategies' network top-1 differ (issue 12; session 46, descriptive).
+
+At 10% of the 512-a-task pool kmeans's subsets read 0.043 ± 0.021 network top-1 above RDU's on the
+held-out networks while per-task top-1 differs by 0.014 (summary-pairwise-10-0-23.md), and the pool's
+own training tasks read them level (pipelines/sampling cv_pool512_trainruns). Network top-1 is Tenset's
+weighted score, sum(w·best) / sum(w·picked) over a network's tasks, so a network's 1/top1 is exactly
+a sum of per-task terms w_t·picked_t / sum(w·best): the difference of two strategies' 1/top1 splits
+into per-task contributions. This reads the models `pairwise.sh` trained (training dirs under
+$WORK/pairwise, git-ignored) on the 32 held-out tasks and writes, per network and task: its weight,
+its share of the network's best time, each strategy's mean picked/best over its runs, and the task's
+contribution to the RDU − baseline difference of 1/top1, with its standard error over the subsets
+(a subset's 4 training runs averaged first, then RDU − baseline paired by subset seed). It changes no
+setting; it only says where the gap lies.
+
+    python pipelines/newplatform/poolsize/trainseeds/heavytasks.py --runs runs/poolsize-rounds6/pairwise \
+        --data pipelines/newplatform/data/test.npz --ratio 0.1 --subsets 0-23 \
+        --out pipelines/newplatform/poolsize/trainseeds/heavytasks-10.json \
+        --markdown pipelines/newplatform/poolsize/trainseeds/heavytasks-10.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tcl import metrics as M
+from tcl.features import FeatureSet
+from tcl.io import atomic_write_json, atomic_write_text
+from tcl.models import load_model
+
+STRATEGIES = ("rdu", "kmeans", "random")
+TRAIN_SEEDS = ("t{s}", "t1000", "t1001", "t1002")   # pairwise.sh: the subset seed, then 1000-1002
+
+
+def seeds(spec: str) -> list[int]:
+    lo, _, hi = spec.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def picked_over_best(model_dir: Path, fs: FeatureSet) -> dict[int, float]:
+    """Per task: latency of the model's top-1 program / the task's best latency (1 = found the best)."""
+    per_task = M.task_best_topk(load_model(model_dir).predict_features(fs), fs.latency, fs.task, ks=(1,))
+    return {t: e[1] / e["best"] for t, e in per_task.items()}
+
+
+def by_subset(runs: list[dict[int, float]], tasks) -> dict[int, np.ndarray]:
+    """Per task: the mean picked/best of each subset's training runs (runs are in run_dirs's order)."""
+    per_subset = len(TRAIN_SEEDS)
+    return {t: np.array([r[t] for r in runs]).reshape(-1, per_subset).mean(axis=1) for t in tasks}
+
+
+def run_dirs(runs: Path, strategy: str, ratio: float, subsets: list[int]) -> list[Path]:
+    dirs = [runs / f"{strategy}-{ratio:g}-s{s}-{t.format(s=s)}" for s in subsets for t in TRAIN_SEEDS]
+    missing = [d for d in dirs if not (d / "model.pt").exists()]
+    if missing:
+        raise SystemExit(f"{len(missing)} runs missing, e.g. {missing[0]} (run pairwise.sh first)")
+    return dirs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--ratio", type=float, default=0.1)
+    ap.add_argument("--subsets", default="0-23")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--markdown", type=Path)
+    args = ap.parse_args()
+
+    fs = FeatureSet.load(args.data)
+    per_task = M.task_best_topk(np.zeros(len(fs)), fs.latency, fs.task, ks=(1,))
+    ratios, subset_means = {}, {}
+    for strategy in STRATEGIES:
+        dirs = run_dirs(args.runs, strategy, args.ratio, seeds(args.subsets))
+        runs = [picked_over_best(d, fs) for d in dirs]
+        subset_means[strategy] = by_subset(runs, per_task)
+        ratios[strategy] = {t: float(subset_means[strategy][t].mean()) for t in per_task}
+        print(f"{strategy}: {len(runs)} runs", flush=True)
+    full_dirs = sorted(args.runs.glob("full-s*"))
+    full = [picked_over_best(d, fs) for d in full_dirs]
+    ratios["full"] = {t: float(np.mean([r[t] for r in full])) for t in per_task}
+
+    rows = []
+    for net, tids in M.network_tasks(fs.task_networks, per_task).items():
+        w = {t: float(fs.task_network_weights[t][net]) for t in tids}
+        best_total = sum(w[t] * per_task[t]["best"] for t in tids)
+        for t in tids:
+            share = w[t] * per_task[t]["best"] / best_total
+            row = {"network": net, "task": t, "desc": fs.task_desc[t] if t < len(fs.task_desc) else "",
+                   "weight": w[t], "best_share": share,
+                   **{f"picked_{s}": ratios[s][t] for s in ratios}}
+            # the task's term of the network's 1/top1 is share * picked/best
+            for base in ("kmeans", "random", "full"):
+                row[f"inv_top1_rdu_minus_{base}"] = share * (ratios["rdu"][t] - ratios[base][t])
+            for base in ("kmeans", "random"):
+                diff = subset_means["rdu"][t] - subset_means[base][t]
+                row[f"inv_top1_rdu_minus_{base}_se"] = share * float(diff.std(ddof=1) / np.sqrt(len(diff)))
+            rows.append(row)
+    net_diff = {}   # per network and baseline: RDU − baseline of 1/top1, mean ± se over subsets
+    for net in {r["network"] for r in rows}:
+        net_diff[net] = {}
+        for base in ("kmeans", "random"):
+            d = sum(r["best_share"] * (subset_means["rdu"][r["task"]] - subset_means[base][r["task"]])
+                    for r in rows if r["network"] == net)
+            net_diff[net][base] = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d)))}
+    rows.sort(key=lambda r: (r["network"], -abs(r["inv_top1_rdu_minus_kmeans"])))
+    result = {"ratio": args.ratio, "subsets": args.subsets, "runs_per_strategy": 4 * len(seeds(args.subsets)),
+              "full_runs": len(full), "tasks": rows,
+              "inv_top1": {net: {s: sum(r["best_share"] * r[f"picked_{s}"] for r in rows if r["network"] == net)
+                                 for s in ratios} for net in {r["network"] for r in rows}},
+              "inv_top1_rdu_minus": net_diff}
+    atomic_write_json(args.out, result)
+    if args.markdown:
+        atomic_write_text(args.markdown, markdown(result))
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Held-out tasks behind the strategies' network top-1 at {result['ratio']:g} "
+             f"(subsets {result['subsets']}, {result['runs_per_strategy']} runs a strategy, "
+             f"whole pool {result['full_runs']} runs). picked/best: the latency of the model's top-1 "
+             "program over the task's best, mean over runs; share: w·best over the network's sum; "
+             "contribution: the task's term of RDU's 1/top1 minus the baseline's (positive: RDU worse there), "
+             "± its standard error over subsets (paired by subset seed).", ""]
+    for net, inv in sorted(result["inv_top1"].items()):
+        lines.append(f"**{net}**: 1/top1 of the mean picked/best: " + ", ".join(
+            f"{s} {v:.3f} (top1 {1 / v:.3f})" for s, v in inv.items()) + "; RDU − baseline " + ", ".join(
+            f"{b} {d['mean']:+.3f} ± {d['se']:.3f}" for b, d in result["inv_top1_rdu_minus"][net].items()))
+        lines += ["", "| task | weight | share | rdu | kmeans | random | whole pool | rdu − kmeans | rdu − random |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in result["tasks"] if r["network"] == net):
+            lines.append(f"| {r['task']} {r['desc'][:48]} | {r['weight']:g} | {r['best_share']:.3f} | "
+                         f"{r['picked_rdu']:.3f} | {r['picked_kmeans']:.3f} | {r['picked_random']:.3f} | "
+                         f"{r['picked_full']:.3f} | {r['inv_top1_rdu_minus_kmeans']:+.4f} ± "
+                         f"{r['inv_top1_rdu_minus_kmeans_se']:.4f} | {r['inv_top1_rdu_minus_random']:+.4f} ± "
+                         f"{r['inv_top1_rdu_minus_random_se']:.4f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
