@@ -78,10 +78,12 @@ def test_study_summary_names_a_metrics_file_without_a_ratio_label(tmp_path):
 CV_SCRIPT = ROOT / "pipelines" / "sampling" / "cv_settings.py"
 
 
-def _cv_summary(tmp_path: Path, runs: Path, study: Path) -> tuple[dict, Path]:
-    """`cv_settings.py summary` over the `run` outputs in `runs`: its JSON and the markdown's path."""
+def _cv_summary(tmp_path: Path, runs: Path | list[Path], study: Path) -> tuple[dict, Path]:
+    """`cv_settings.py summary` over the `run` outputs in `runs` (a folder, or several: `--runs` each):
+    its JSON and the markdown's path."""
     out, md = tmp_path / "cv.json", tmp_path / "cv.md"
-    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", "--runs", str(runs), "--study-params", str(study),
+    folders = [a for r in (runs if isinstance(runs, list) else [runs]) for a in ("--runs", str(r))]
+    subprocess.run([sys.executable, str(CV_SCRIPT), "summary", *folders, "--study-params", str(study),
                     "--out", str(out), "--markdown", str(md)], check=True, cwd=ROOT, capture_output=True)
     return json.loads(out.read_text()), md
 
@@ -159,6 +161,29 @@ def test_cv_summary_averages_a_subsets_training_runs_before_comparing(tmp_path):
     assert diff["runs"] == 2 and diff["mean"] == pytest.approx((0.2 + 0.1) / 2)
     assert diff["se"] == pytest.approx(np.std([0.2, 0.1], ddof=1) / np.sqrt(2))
     assert "Each subset trained 2 times" in md.read_text()
+
+
+def test_cv_summary_pools_an_earlier_studys_runs_with_its_own(tmp_path):
+    """`--runs` twice: a later study's new candidate in its own folder, the reference from an earlier
+    study's folder; a candidate the section does not list (left in the earlier folder) is not read."""
+    def row(candidate, fold, task_top1):
+        return {"platform": "a", "candidate": candidate, "ratio": 0.1, "seed": 0, "fold": fold, "selected": 10,
+                "held_tasks": [], "sampler_seconds": 1.0, "task_top1": task_top1, "task_top5": 0.9,
+                "top1": task_top1, "top5": 0.9, "pairwise": 0.6, "seconds": 2.0}
+
+    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    for folder, rows in ((earlier, [row("random", 0, 0.5), row("random", 1, 0.3), row("other", 0, 0.0)]),
+                         (later, [row("new", 0, 0.6), row("new", 1, 0.5)])):
+        folder.mkdir()
+        (folder / "a.s0.json").write_text(json.dumps(
+            {"platform": "a", "cv": {}, "train_programs": 40, "train_tasks": 4, "runs": rows}))
+    study = tmp_path / "params.yaml"
+    study.write_text("cv:\n  platforms: [a]\n  folds: 2\n  fold_seed: 0\n  ratios: [0.1]\n  seeds: [0]\n"
+                     "  reference: random\n  candidates: {new: {}, random: {strategy: random}}\n")
+    summary, _ = _cv_summary(tmp_path, [earlier, later], study)
+    assert {c["candidate"] for c in summary["summary"]} == {"new", "random"}
+    (diff,) = summary["paired"]
+    assert (diff["candidate"], diff["runs"]) == ("new", 2) and diff["mean"] == pytest.approx((0.1 + 0.2) / 2)
 
 
 EQUAL_STEPS_SCRIPT = ROOT / "pipelines" / "sampling" / "equal_steps.py"
