@@ -70,6 +70,16 @@ def network_tasks(task_networks: Sequence[Sequence[str]], present: Iterable[int]
     return dict(sorted(nets.items()))
 
 
+def task_weight_in(t: int, net: str, task_weight, network_weights: Sequence[Mapping[str, float]] | None) -> float:
+    """Task t's weight in network `net`: `network_weights[t][net]` (its occurrences there) where given,
+    else `task_weight[t]` (its occurrences over all networks); 1 where neither is a positive number."""
+    if network_weights is not None and t < len(network_weights) and net in network_weights[t]:
+        w = float(network_weights[t][net])
+    else:
+        w = float(task_weight[t]) if t < len(task_weight) else 1.0
+    return w if np.isfinite(w) and w > 0 else 1.0
+
+
 def top_k_scores(
     scores,
     latency,
@@ -85,18 +95,9 @@ def top_k_scores(
     where that is not given, `task_weight[task]` (its occurrences over all networks).
     """
     per_task = task_best_topk(scores, latency, task, ks)
-    weight = np.asarray(task_weight, dtype=np.float64)
-
-    def weight_in(t: int, net: str) -> float:
-        if network_weights is not None and t < len(network_weights) and net in network_weights[t]:
-            w = float(network_weights[t][net])
-        else:
-            w = float(weight[t]) if t < len(weight) else 1.0
-        return w if np.isfinite(w) and w > 0 else 1.0
-
     result: dict[str, dict[str, float]] = {}
     for net, tids in network_tasks(task_networks, per_task.keys()).items():
-        w = np.array([weight_in(t, net) for t in tids])
+        w = np.array([task_weight_in(t, net, task_weight, network_weights) for t in tids])
         best = np.array([per_task[t]["best"] for t in tids])
         result[net] = {}
         for k in ks:

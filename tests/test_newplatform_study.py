@@ -189,3 +189,30 @@ def test_whole_pool_paired_by_seed_against_a_baseline_folder(tmp_path):
     b = row["against_baseline"]
     assert b["seeds"] == [0, 1, 2] and b["mean"] == pytest.approx(statistics.fmean([0.3, 0.0, 0.1]))
     assert b["sd_baseline"] == pytest.approx(statistics.stdev([0.2, 0.6, 0.3]))
+
+
+def test_heavytasks_task_terms_sum_to_each_networks_inverse_top1():
+    """trainseeds/heavytasks.py splits a network's 1/top1 into per-task terms share · picked/best; their
+    sum is exactly 1 / tcl.metrics' network top-1, for any scores, with and without per-network weights."""
+    import numpy as np
+
+    from tcl import metrics as M
+    from tests.test_training import make_fs
+
+    spec = importlib.util.spec_from_file_location("newplatform_heavytasks",
+                                                  SCRIPT.parent / "poolsize" / "trainseeds" / "heavytasks.py")
+    heavytasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heavytasks)
+    fs = make_fs(n_tasks=6, per_task=10, networks=[["a"], ["a", "b"], ["b"], ["a"], ["b"], ["a", "b"]])
+    fs.task_weight = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    scores = np.random.default_rng(0).standard_normal(len(fs))
+    for network_weights in (None, [{"a": 3.0}, {"a": 1.0, "b": 7.0}, {"b": 2.0}, {"a": 5.0}, {"b": 1.0},
+                                   {"a": 2.0, "b": 4.0}]):
+        fs.task_network_weights = network_weights
+        top1 = M.top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks=(1,),
+                              network_weights=network_weights)
+        picked = heavytasks.picked_over_best(scores, fs)
+        shares = heavytasks.best_shares(fs)
+        assert set(shares) == {"a", "b"} and sum(s for _, s in shares["b"].values()) == pytest.approx(1.0)
+        for net, terms in shares.items():
+            assert sum(share * picked[t] for t, (_, share) in terms.items()) == pytest.approx(1 / top1[net]["top1"])

@@ -39,10 +39,23 @@ def seeds(spec: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def picked_over_best(model_dir: Path, fs: FeatureSet) -> dict[int, float]:
-    """Per task: latency of the model's top-1 program / the task's best latency (1 = found the best)."""
-    per_task = M.task_best_topk(load_model(model_dir).predict_features(fs), fs.latency, fs.task, ks=(1,))
+def picked_over_best(scores, fs: FeatureSet) -> dict[int, float]:
+    """Per task: latency of the top-scored program / the task's best latency (1 = found the best)."""
+    per_task = M.task_best_topk(scores, fs.latency, fs.task, ks=(1,))
     return {t: e[1] / e["best"] for t, e in per_task.items()}
+
+
+def best_shares(fs: FeatureSet) -> dict[str, dict[int, tuple[float, float]]]:
+    """network -> task -> (its weight in the network, w·best over the network's sum of w·best).
+
+    A network's 1/top1 (tcl.metrics.top_k_scores) is sum over its tasks of share · picked/best."""
+    per_task = M.task_best_topk(np.zeros(len(fs)), fs.latency, fs.task, ks=(1,))
+    out = {}
+    for net, tids in M.network_tasks(fs.task_networks, per_task).items():
+        w = {t: M.task_weight_in(t, net, fs.task_weight, fs.task_network_weights) for t in tids}
+        best_total = sum(w[t] * per_task[t]["best"] for t in tids)
+        out[net] = {t: (w[t], w[t] * per_task[t]["best"] / best_total) for t in tids}
+    return out
 
 
 def by_subset(runs: list[dict[int, float]], tasks) -> dict[int, np.ndarray]:
@@ -70,26 +83,25 @@ def main() -> None:
     args = ap.parse_args()
 
     fs = FeatureSet.load(args.data)
-    per_task = M.task_best_topk(np.zeros(len(fs)), fs.latency, fs.task, ks=(1,))
+    tasks = np.unique(fs.task).tolist()
+
+    def scored(model_dir: Path) -> dict[int, float]:
+        return picked_over_best(load_model(model_dir).predict_features(fs), fs)
+
     ratios, subset_means = {}, {}
     for strategy in STRATEGIES:
-        dirs = run_dirs(args.runs, strategy, args.ratio, seeds(args.subsets))
-        runs = [picked_over_best(d, fs) for d in dirs]
-        subset_means[strategy] = by_subset(runs, per_task)
-        ratios[strategy] = {t: float(subset_means[strategy][t].mean()) for t in per_task}
+        runs = [scored(d) for d in run_dirs(args.runs, strategy, args.ratio, seeds(args.subsets))]
+        subset_means[strategy] = by_subset(runs, tasks)
+        ratios[strategy] = {t: float(subset_means[strategy][t].mean()) for t in tasks}
         print(f"{strategy}: {len(runs)} runs", flush=True)
-    full_dirs = sorted(args.runs.glob("full-s*"))
-    full = [picked_over_best(d, fs) for d in full_dirs]
-    ratios["full"] = {t: float(np.mean([r[t] for r in full])) for t in per_task}
+    full = [scored(d) for d in sorted(args.runs.glob("full-s*"))]
+    ratios["full"] = {t: float(np.mean([r[t] for r in full])) for t in tasks}
 
     rows = []
-    for net, tids in M.network_tasks(fs.task_networks, per_task).items():
-        w = {t: float(fs.task_network_weights[t][net]) for t in tids}
-        best_total = sum(w[t] * per_task[t]["best"] for t in tids)
-        for t in tids:
-            share = w[t] * per_task[t]["best"] / best_total
+    for net, shares in best_shares(fs).items():
+        for t, (weight, share) in shares.items():
             row = {"network": net, "task": t, "desc": fs.task_desc[t] if t < len(fs.task_desc) else "",
-                   "weight": w[t], "best_share": share,
+                   "weight": weight, "best_share": share,
                    **{f"picked_{s}": ratios[s][t] for s in ratios}}
             # the task's term of the network's 1/top1 is share * picked/best
             for base in ("kmeans", "random", "full"):
