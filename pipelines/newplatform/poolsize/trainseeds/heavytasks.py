@@ -20,7 +20,6 @@ setting; it only says where the gap lies.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
