@@ -9,8 +9,9 @@ into per-task contributions. This reads the models `pairwise.sh` trained (traini
 $WORK/pairwise, git-ignored) on the 32 held-out tasks and writes, per network and task: its weight,
 its share of the network's best time, each strategy's mean picked/best over its runs, and the task's
 contribution to the RDU − baseline difference of 1/top1, with its standard error over the subsets
-(a subset's 4 training runs averaged first, then RDU − baseline paired by subset seed). It changes no
-setting; it only says where the gap lies.
+(a subset's training runs averaged first, then RDU − baseline paired by subset seed). It changes no
+setting; it only says where the gap lies. `--run-name`, `--train-seeds` and `--full` read another study's
+models the same way (pipelines/sampling's Figure 7 study: one training run a subset).
 
     python pipelines/newplatform/poolsize/trainseeds/heavytasks.py --runs runs/poolsize-rounds6/pairwise \
         --data pipelines/newplatform/data/test.npz --ratio 0.1 --subsets 0-23 \
@@ -30,7 +31,9 @@ from tcl.io import atomic_write_json, atomic_write_text
 from tcl.models import load_model
 
 STRATEGIES = ("rdu", "kmeans", "random")
-TRAIN_SEEDS = ("t{s}", "t1000", "t1001", "t1002")   # pairwise.sh: the subset seed, then 1000-1002
+# a run's model dir under --runs: pairwise.sh's names, a subset trained with the subset seed, then 1000-1002
+RUN_NAME = "{strategy}-{ratio:g}-s{subset}-t{train}"
+TRAIN_SEEDS = "{subset},1000,1001,1002"
 
 
 def seeds(spec: str) -> list[int]:
@@ -57,14 +60,15 @@ def best_shares(fs: FeatureSet) -> dict[str, dict[int, tuple[float, float]]]:
     return out
 
 
-def by_subset(runs: list[dict[int, float]], tasks) -> dict[int, np.ndarray]:
-    """Per task: the mean picked/best of each subset's training runs (runs are in run_dirs's order)."""
-    per_subset = len(TRAIN_SEEDS)
+def by_subset(runs: list[dict[int, float]], tasks, per_subset: int) -> dict[int, np.ndarray]:
+    """Per task: the mean picked/best of each subset's `per_subset` training runs (in run_dirs's order)."""
     return {t: np.array([r[t] for r in runs]).reshape(-1, per_subset).mean(axis=1) for t in tasks}
 
 
-def run_dirs(runs: Path, strategy: str, ratio: float, subsets: list[int]) -> list[Path]:
-    dirs = [runs / f"{strategy}-{ratio:g}-s{s}-{t.format(s=s)}" for s in subsets for t in TRAIN_SEEDS]
+def run_dirs(runs: Path, name: str, train_seeds: str, strategy: str, ratio: float, subsets: list[int]) -> list[Path]:
+    """Each subset's training runs' model dirs: `name` formatted per subset and training seed."""
+    dirs = [runs / name.format(strategy=strategy, ratio=ratio, subset=s, train=t)
+            for s in subsets for t in train_seeds.format(subset=s).split(",")]
     missing = [d for d in dirs if not (d / "model.pt").exists()]
     if missing:
         raise SystemExit(f"{len(missing)} runs missing, e.g. {missing[0]} (run pairwise.sh first)")
@@ -79,7 +83,13 @@ def main() -> None:
     ap.add_argument("--subsets", default="0-23")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--run-name", default=RUN_NAME, help="a run's model dir under --runs (format fields: "
+                    "strategy, ratio, subset, train)")
+    ap.add_argument("--train-seeds", default=TRAIN_SEEDS, help="comma-separated training seeds of a subset "
+                    "(format field: subset)")
+    ap.add_argument("--full", default="full-s*", help="glob under --runs of the whole pool's runs")
     args = ap.parse_args()
+    per_subset = len(args.train_seeds.split(","))
 
     fs = FeatureSet.load(args.data)
     tasks = np.unique(fs.task).tolist()
@@ -89,11 +99,12 @@ def main() -> None:
 
     ratios, subset_means = {}, {}
     for strategy in STRATEGIES:
-        runs = [scored(d) for d in run_dirs(args.runs, strategy, args.ratio, seeds(args.subsets))]
-        subset_means[strategy] = by_subset(runs, tasks)
+        runs = [scored(d) for d in run_dirs(args.runs, args.run_name, args.train_seeds, strategy, args.ratio,
+                                            seeds(args.subsets))]
+        subset_means[strategy] = by_subset(runs, tasks, per_subset)
         ratios[strategy] = {t: float(subset_means[strategy][t].mean()) for t in tasks}
         print(f"{strategy}: {len(runs)} runs", flush=True)
-    full = [scored(d) for d in sorted(args.runs.glob("full-s*"))]
+    full = [scored(d) for d in sorted(args.runs.glob(args.full))]
     ratios["full"] = {t: float(np.mean([r[t] for r in full])) for t in tasks}
 
     rows = []
@@ -117,7 +128,7 @@ def main() -> None:
                     for r in rows if r["network"] == net)
             net_diff[net][base] = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d)))}
     rows.sort(key=lambda r: (r["network"], -abs(r["inv_top1_rdu_minus_kmeans"])))
-    result = {"ratio": args.ratio, "subsets": args.subsets, "runs_per_strategy": 4 * len(seeds(args.subsets)),
+    result = {"ratio": args.ratio, "subsets": args.subsets, "runs_per_strategy": per_subset * len(seeds(args.subsets)),
               "full_runs": len(full), "tasks": rows,
               "inv_top1": {net: {s: sum(r["best_share"] * r[f"picked_{s}"] for r in rows if r["network"] == net)
                                  for s in ratios} for net in {r["network"] for r in rows}},
