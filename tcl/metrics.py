@@ -170,6 +170,14 @@ def spearman_per_task(scores, latency, task) -> dict[int, float]:
     return out
 
 
+def held_out_networks(fs) -> list[str]:
+    """The networks a test split holds out ([] for any other set): only they are complete in it; a
+    network that shares a task with them (resnet18 shares convolutions with resnet50) would be
+    scored on a fraction of its tasks."""
+    split = fs.meta.get("split") or {}
+    return list(split.get("test_networks") or []) if split.get("name") == "test" else []
+
+
 def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
     """All metrics for one FeatureSet (one platform).
 
@@ -183,12 +191,9 @@ def evaluate(scores, fs, ks: Sequence[int] = (1, 5)) -> dict:
         raise ValueError(f"{len(scores)} scores for a FeatureSet of {len(fs)} programs")
     per_network = top_k_scores(scores, fs.latency, fs.task, fs.task_weight, fs.task_networks, ks,
                                network_weights=fs.task_network_weights)
-    split = fs.meta.get("split") or {}
-    if split.get("name") == "test" and split.get("test_networks"):
-        # Only the held-out networks are complete in a test split: a network that shares a task
-        # with them (resnet18 shares convolutions with resnet50) would be scored on a fraction
-        # of its tasks.
-        per_network = {n: m for n, m in per_network.items() if n in split["test_networks"]} or per_network
+    held_out = held_out_networks(fs)
+    if held_out:
+        per_network = {n: m for n, m in per_network.items() if n in held_out} or per_network
     task_means = task_top_k_means(scores, fs.latency, fs.task, ks)
     result: dict = {}
     for k in ks:

@@ -53,7 +53,10 @@ def best_shares(fs: FeatureSet) -> dict[str, dict[int, tuple[float, float]]]:
     A network's 1/top1 (tcl.metrics.top_k_scores) is sum over its tasks of share · picked/best."""
     per_task = M.task_best_topk(np.zeros(len(fs)), fs.latency, fs.task, ks=(1,))
     out = {}
+    held_out = M.held_out_networks(fs)   # as tcl evaluate scores a test split: its held-out networks only
     for net, tids in M.network_tasks(fs.task_networks, per_task).items():
+        if held_out and net not in held_out:
+            continue
         w = {t: M.task_weight_in(t, net, fs.task_weight, fs.task_network_weights) for t in tids}
         best_total = sum(w[t] * per_task[t]["best"] for t in tids)
         out[net] = {t: (w[t], w[t] * per_task[t]["best"] / best_total) for t in tids}
