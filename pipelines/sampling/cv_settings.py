@@ -311,10 +311,11 @@ def main() -> None:
         cv = {**cv, **{key: [cast(v) for v in getattr(a, key).split(",")]
                        for key, cast in (("ratios", float), ("seeds", int)) if getattr(a, key)}}
         if a.candidates:
-            unknown = set(a.candidates.split(",")) - set(cv["candidates"])
+            wanted = a.candidates.split(",")
+            unknown = set(wanted) - set(cv["candidates"])
             if unknown:
                 raise SystemExit(f"cv run: {sorted(unknown)} not among section {a.section}'s candidates")
-            cv["candidates"] = {n: spec for n, spec in cv["candidates"].items() if n in a.candidates.split(",")}
+            cv["candidates"] = {n: spec for n, spec in cv["candidates"].items() if n in wanted}
         atomic_write_json(a.out, run_platform(a.platform, load_params(a.params), cv))
         return
     # the platforms of params.yaml, in its order: a stale file of a dropped platform is not read

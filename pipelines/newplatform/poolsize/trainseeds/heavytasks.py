@@ -110,8 +110,8 @@ def main() -> None:
     full = [scored(d) for d in sorted(args.runs.glob(args.full))]
     ratios["full"] = {t: float(np.mean([r[t] for r in full])) for t in tasks}
 
-    rows = []
-    for net, shares in best_shares(fs).items():
+    rows, inv_top1, net_diff = [], {}, {}
+    for net, shares in best_shares(fs).items():   # networks in sorted order: the JSON is reproducible
         for t, (weight, share) in shares.items():
             row = {"network": net, "task": t, "desc": fs.task_desc[t] if t < len(fs.task_desc) else "",
                    "weight": weight, "best_share": share,
@@ -123,19 +123,14 @@ def main() -> None:
                 diff = subset_means["rdu"][t] - subset_means[base][t]
                 row[f"inv_top1_rdu_minus_{base}_se"] = share * float(diff.std(ddof=1) / np.sqrt(len(diff)))
             rows.append(row)
-    net_diff = {}   # per network and baseline: RDU − baseline of 1/top1, mean ± se over subsets
-    for net in {r["network"] for r in rows}:
-        net_diff[net] = {}
+        inv_top1[net] = {s: sum(share * ratios[s][t] for t, (_, share) in shares.items()) for s in ratios}
+        net_diff[net] = {}   # RDU − baseline of the network's 1/top1, mean ± se over subsets
         for base in ("kmeans", "random"):
-            d = sum(r["best_share"] * (subset_means["rdu"][r["task"]] - subset_means[base][r["task"]])
-                    for r in rows if r["network"] == net)
+            d = sum(share * (subset_means["rdu"][t] - subset_means[base][t]) for t, (_, share) in shares.items())
             net_diff[net][base] = {"mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d)))}
     rows.sort(key=lambda r: (r["network"], -abs(r["inv_top1_rdu_minus_kmeans"])))
     result = {"ratio": args.ratio, "subsets": args.subsets, "runs_per_strategy": per_subset * len(seeds(args.subsets)),
-              "full_runs": len(full), "tasks": rows,
-              "inv_top1": {net: {s: sum(r["best_share"] * r[f"picked_{s}"] for r in rows if r["network"] == net)
-                                 for s in ratios} for net in {r["network"] for r in rows}},
-              "inv_top1_rdu_minus": net_diff}
+              "full_runs": len(full), "tasks": rows, "inv_top1": inv_top1, "inv_top1_rdu_minus": net_diff}
     atomic_write_json(args.out, result)
     if args.markdown:
         atomic_write_text(args.markdown, markdown(result))
